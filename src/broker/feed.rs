@@ -1,0 +1,100 @@
+//! The change feed: one tailer per process reads new `task_events` rows and
+//! broadcasts them, so waiters (tasks/result) never poll the database each.
+//!
+//! The tailer wakes on a short tick and reads rows only when `PRAGMA
+//! data_version` says another connection committed (any process), or at once
+//! when this process kicks it after a write of its own.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use tokio::sync::{Notify, broadcast};
+use tokio_util::sync::CancellationToken;
+
+use crate::store::{Store, TaskEvent};
+
+/// Rows read per query while catching up.
+const BATCH: i64 = 1000;
+
+/// Handle to the feed: subscribe to events, or kick the tailer.
+#[derive(Debug, Clone)]
+pub struct Feed {
+    events: broadcast::Sender<Arc<TaskEvent>>,
+    kick: Arc<Notify>,
+}
+
+impl Feed {
+    /// A feed with no tailer yet (see [`Feed::spawn_tailer`]).
+    pub fn new() -> Self {
+        let (events, _) = broadcast::channel(4096);
+        Self {
+            events,
+            kick: Arc::new(Notify::new()),
+        }
+    }
+
+    /// Receive every event from now on.
+    pub fn subscribe(&self) -> broadcast::Receiver<Arc<TaskEvent>> {
+        self.events.subscribe()
+    }
+
+    /// Tell the tailer this process just committed a change.
+    pub fn kick(&self) {
+        self.kick.notify_one();
+    }
+
+    /// Start the tailer: it runs until `shutdown`.
+    pub async fn spawn_tailer(
+        &self,
+        store: Store,
+        tick: Duration,
+        shutdown: CancellationToken,
+    ) -> Result<tokio::task::JoinHandle<()>, crate::store::StoreError> {
+        let mut conn = store.dedicated_reader().await?;
+        let mut last_id = store.task_events_head().await?;
+        let mut version = store.data_version(&mut conn).await?;
+        let feed = self.clone();
+        Ok(tokio::spawn(async move {
+            loop {
+                let kicked = tokio::select! {
+                    _ = shutdown.cancelled() => return,
+                    _ = feed.kick.notified() => true,
+                    _ = tokio::time::sleep(tick) => false,
+                };
+                match store.data_version(&mut conn).await {
+                    Ok(v) if v == version && !kicked => continue,
+                    Ok(v) => version = v,
+                    Err(e) => {
+                        tracing::warn!(error = %e, "change feed: data_version failed");
+                        continue;
+                    }
+                }
+                loop {
+                    match store.task_events_since(&mut conn, last_id, BATCH).await {
+                        Ok(rows) => {
+                            let n = rows.len();
+                            for row in rows {
+                                last_id = row.id;
+                                // No receivers is fine: nobody waits.
+                                let _ = feed.events.send(Arc::new(row));
+                            }
+                            if (n as i64) < BATCH {
+                                break;
+                            }
+                        }
+                        Err(e) => {
+                            tracing::warn!(error = %e, "change feed: read failed");
+                            break;
+                        }
+                    }
+                }
+            }
+        }))
+    }
+}
+
+impl Default for Feed {
+    fn default() -> Self {
+        Self::new()
+    }
+}

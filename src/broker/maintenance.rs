@@ -1,0 +1,79 @@
+//! Background services of a broker process: the ttl purger (T-33, T-34) and
+//! the rescuer of jobs whose worker lease expired.
+
+use std::time::Duration;
+
+use tokio_util::sync::CancellationToken;
+
+use super::Broker;
+use crate::clock::now_ms;
+
+/// Timing of the maintenance services.
+#[derive(Debug, Clone, Copy)]
+pub struct MaintenanceConfig {
+    /// How often expired tasks are deleted.
+    pub purge_every: Duration,
+    /// Rows deleted per purge transaction (keeps write locks short).
+    pub purge_batch: i64,
+    /// How often expired leases are looked for.
+    pub rescue_every: Duration,
+    /// Delay before a rescued job runs again, times its attempt number.
+    pub retry_backoff: Duration,
+}
+
+impl MaintenanceConfig {
+    /// Defaults for a lease of `lease`: rescue checks four times per lease.
+    pub fn for_lease(lease: Duration) -> Self {
+        Self {
+            purge_every: Duration::from_secs(5),
+            purge_batch: 500,
+            rescue_every: (lease / 4).clamp(Duration::from_millis(100), Duration::from_secs(5)),
+            retry_backoff: Duration::from_millis(500),
+        }
+    }
+}
+
+/// Run the purger and the rescuer until `shutdown`.
+pub async fn run(broker: Broker, config: MaintenanceConfig, shutdown: CancellationToken) {
+    let mut purge = tokio::time::interval(config.purge_every);
+    let mut rescue = tokio::time::interval(config.rescue_every);
+    purge.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    rescue.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    let backoff_ms = i64::try_from(config.retry_backoff.as_millis()).unwrap_or(i64::MAX);
+    loop {
+        tokio::select! {
+            _ = shutdown.cancelled() => return,
+            _ = purge.tick() => purge_expired(&broker, config.purge_batch).await,
+            _ = rescue.tick() => match broker.store().job_rescue_expired(backoff_ms, now_ms()).await {
+                Ok(report) if report != Default::default() => {
+                    tracing::warn!(requeued = report.requeued, failed = report.failed,
+                                   closed = report.closed, "lease recovery: expired leases taken back");
+                    broker.feed().kick();
+                    if report.requeued > 0 {
+                        broker.job_queued().notify_waiters();
+                    }
+                }
+                Ok(_) => {}
+                Err(e) => tracing::warn!(error = %e, "lease recovery failed"),
+            },
+        }
+    }
+}
+
+async fn purge_expired(broker: &Broker, batch: i64) {
+    loop {
+        match broker.store().task_purge_expired(now_ms(), batch).await {
+            Ok(0) => return,
+            Ok(n) => {
+                tracing::info!(purged = n, "expired tasks purged");
+                if (n as i64) < batch {
+                    return;
+                }
+            }
+            Err(e) => {
+                tracing::warn!(error = %e, "ttl purge failed");
+                return;
+            }
+        }
+    }
+}

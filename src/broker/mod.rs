@@ -1,0 +1,457 @@
+//! The task rules of MCP 2025-11-25: create, get, result, list, cancel, ttl,
+//! the status machine, cursors. Speaks in domain types; knows nothing of
+//! HTTP, and leaves every SQL statement to `store/`.
+
+pub mod cursor;
+mod feed;
+pub mod maintenance;
+mod status;
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use serde_json::{Map, Value};
+use tokio::sync::{Notify, broadcast};
+
+use crate::clock::now_ms;
+use crate::mcp::{ErrorCode, RpcError};
+use crate::store::{CancelOutcome, NewJob, NewTask, Store, StoreError, TaskOutcome, TaskRow};
+use crate::tools::{Registry, TaskSupport, Tool, ToolOutcome};
+
+pub use feed::Feed;
+pub use status::TaskStatus;
+
+/// Limits and defaults of task handling.
+#[derive(Debug, Clone)]
+pub struct BrokerConfig {
+    /// ttl when the client asks for none; `None` = unlimited.
+    pub default_ttl_ms: Option<i64>,
+    /// Requested ttls are clamped to this (T-34).
+    pub max_ttl_ms: i64,
+    /// pollInterval on every task.
+    pub poll_interval_ms: i64,
+    /// Tasks per tasks/list page.
+    pub page_size: i64,
+}
+
+impl Default for BrokerConfig {
+    fn default() -> Self {
+        Self {
+            default_ttl_ms: Some(60 * 60 * 1000),
+            max_ttl_ms: 7 * 24 * 60 * 60 * 1000,
+            poll_interval_ms: 1000,
+            page_size: 100,
+        }
+    }
+}
+
+/// A task as the rules see it.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Task {
+    /// Id.
+    pub task_id: String,
+    /// Status.
+    pub status: TaskStatus,
+    /// Word on the status.
+    pub status_message: Option<String>,
+    /// ms since epoch.
+    pub created_at: i64,
+    /// ms since epoch.
+    pub updated_at: i64,
+    /// Actual ttl (None = unlimited).
+    pub ttl_ms: Option<i64>,
+    /// Suggested polling interval.
+    pub poll_interval_ms: Option<i64>,
+}
+
+/// What tasks/result finds.
+#[derive(Debug, Clone, PartialEq)]
+pub enum TaskResult {
+    /// Terminal with the underlying request's result object.
+    Result(Value),
+    /// Terminal with the underlying request's JSON-RPC error object, exactly
+    /// as stored (T-15).
+    Error(Value),
+    /// Cancelled: there is no result.
+    Cancelled,
+    /// Not terminal yet.
+    Pending,
+}
+
+/// Why a task operation was refused.
+#[derive(Debug, thiserror::Error)]
+pub enum BrokerError {
+    /// No task with that id for this requestor (T-35, T-36).
+    #[error("Task not found")]
+    NotFound,
+    /// Its ttl has passed (T-33).
+    #[error("Task has expired")]
+    Expired,
+    /// tasks/list cursor that is not ours (T-19).
+    #[error("Invalid cursor")]
+    InvalidCursor,
+    /// Cancel of a terminal task (T-20).
+    #[error("Cannot cancel task: already in terminal status '{0}'")]
+    Terminal(TaskStatus),
+    /// tools/call of a name we do not serve.
+    #[error("Unknown tool: {0}")]
+    UnknownTool(String),
+    /// Task call of a forbidden tool (T-4).
+    #[error(
+        "Tool '{0}' does not support task-augmented calls (execution.taskSupport is 'forbidden')"
+    )]
+    TaskForbidden(String),
+    /// Plain call of a task-only tool (T-5).
+    #[error(
+        "Tool '{0}' must be called as a task (execution.taskSupport is 'required'); add params.task"
+    )]
+    TaskRequired(String),
+    /// Params the rules refuse (e.g. a negative ttl).
+    #[error("{0}")]
+    InvalidParams(String),
+    /// The database failed.
+    #[error(transparent)]
+    Store(#[from] StoreError),
+}
+
+impl BrokerError {
+    /// The JSON-RPC error for this refusal; `verb` prefixes task lookups
+    /// ("Failed to retrieve task: Task not found").
+    pub fn to_rpc(&self, verb: &str) -> RpcError {
+        match self {
+            Self::NotFound | Self::Expired => {
+                RpcError::invalid_params(format!("Failed to {verb} task: {self}"))
+            }
+            Self::InvalidCursor
+            | Self::Terminal(_)
+            | Self::UnknownTool(_)
+            | Self::InvalidParams(_) => RpcError::invalid_params(self.to_string()),
+            Self::TaskForbidden(_) | Self::TaskRequired(_) => {
+                RpcError::new(ErrorCode::MethodNotFound, self.to_string())
+            }
+            Self::Store(_) => RpcError::internal(),
+        }
+    }
+}
+
+/// The task engine of one process.
+#[derive(Debug, Clone)]
+pub struct Broker {
+    store: Store,
+    tools: Arc<Registry>,
+    config: BrokerConfig,
+    feed: Feed,
+    /// Wakes the embedded worker pool when a job is queued.
+    job_queued: Arc<Notify>,
+}
+
+fn task_from_row(row: &TaskRow) -> Task {
+    Task {
+        task_id: row.task_id.clone(),
+        // The CHECK constraint admits only the five statuses.
+        status: row.status.parse().unwrap_or(TaskStatus::Failed),
+        status_message: row.status_message.clone(),
+        created_at: row.created_at,
+        updated_at: row.updated_at,
+        ttl_ms: row.ttl_ms,
+        poll_interval_ms: row.poll_interval_ms,
+    }
+}
+
+/// The terminal status and stored form of a tool outcome (T-12: `isError`
+/// and JSON-RPC errors both make a task `failed`, with a statusMessage).
+pub fn outcome_to_record(outcome: &ToolOutcome) -> TaskOutcome {
+    match outcome {
+        ToolOutcome::Result(result) => {
+            let is_error = result.get("isError").and_then(Value::as_bool) == Some(true);
+            let status_message = is_error.then(|| {
+                let text = result
+                    .get("content")
+                    .and_then(Value::as_array)
+                    .and_then(|c| c.iter().find_map(|b| b.get("text").and_then(Value::as_str)))
+                    .unwrap_or("the tool reported an error");
+                format!("Tool execution failed: {}", truncate(text, 500))
+            });
+            TaskOutcome {
+                status: if is_error { "failed" } else { "completed" },
+                status_message,
+                result: result.to_string(),
+                result_kind: "result",
+            }
+        }
+        ToolOutcome::Error(error) => TaskOutcome {
+            status: "failed",
+            status_message: Some(format!(
+                "Tool execution failed: {}",
+                truncate(&error.message, 500)
+            )),
+            result: error.to_json().to_string(),
+            result_kind: "error",
+        },
+    }
+}
+
+fn truncate(text: &str, max: usize) -> String {
+    if text.chars().count() <= max {
+        text.to_owned()
+    } else {
+        let cut: String = text.chars().take(max).collect();
+        format!("{cut}...")
+    }
+}
+
+impl Broker {
+    /// A broker over `store` serving `tools`.
+    pub fn new(store: Store, tools: Arc<Registry>, config: BrokerConfig, feed: Feed) -> Self {
+        Self {
+            store,
+            tools,
+            config,
+            feed,
+            job_queued: Arc::new(Notify::new()),
+        }
+    }
+
+    /// The store underneath.
+    pub fn store(&self) -> &Store {
+        &self.store
+    }
+    /// The tool registry.
+    pub fn tools(&self) -> &Arc<Registry> {
+        &self.tools
+    }
+    /// Limits in force.
+    pub fn config(&self) -> &BrokerConfig {
+        &self.config
+    }
+    /// The change feed.
+    pub fn feed(&self) -> &Feed {
+        &self.feed
+    }
+    /// Notified whenever this process queues a job.
+    pub fn job_queued(&self) -> Arc<Notify> {
+        self.job_queued.clone()
+    }
+
+    /// The tool for a call, after the taskSupport rules (T-4, T-5, T-6).
+    pub fn tool_for_call(&self, name: &str, as_task: bool) -> Result<Arc<dyn Tool>, BrokerError> {
+        let tool = self
+            .tools
+            .get(name)
+            .ok_or_else(|| BrokerError::UnknownTool(name.to_owned()))?;
+        match (tool.definition().task_support, as_task) {
+            (TaskSupport::Forbidden, true) => Err(BrokerError::TaskForbidden(name.to_owned())),
+            (TaskSupport::Required, false) => Err(BrokerError::TaskRequired(name.to_owned())),
+            _ => Ok(tool.clone()),
+        }
+    }
+
+    /// The ttl a task gets: the requested one clamped to the maximum, or the
+    /// default (T-10, T-34).
+    pub fn effective_ttl(&self, requested: Option<i64>) -> Result<Option<i64>, BrokerError> {
+        match requested {
+            Some(ttl) if ttl < 0 => Err(BrokerError::InvalidParams(
+                "Invalid params: task.ttl must be a non-negative integer (milliseconds)".into(),
+            )),
+            Some(ttl) => Ok(Some(ttl.min(self.config.max_ttl_ms))),
+            None => Ok(self
+                .config
+                .default_ttl_ms
+                .map(|d| d.min(self.config.max_ttl_ms))),
+        }
+    }
+
+    /// Accept a task-augmented tools/call: the task row and its job in one
+    /// transaction, answered at once (T-7). Arguments that fail the tool's
+    /// schema still make a task, which ends `failed` with the `isError`
+    /// result (H-10) without running.
+    pub async fn tools_call_task(
+        &self,
+        owner: &str,
+        name: &str,
+        arguments: Map<String, Value>,
+        requested_ttl: Option<i64>,
+        progress_token: Option<Value>,
+    ) -> Result<Task, BrokerError> {
+        let tool = self.tool_for_call(name, true)?;
+        let ttl_ms = self.effective_ttl(requested_ttl)?;
+        let arguments = Value::Object(arguments);
+        let refused = self
+            .tools
+            .validate(name, &arguments)
+            .err()
+            .map(|reason| outcome_to_record(&ToolOutcome::tool_error(reason)));
+        let new = NewTask {
+            task_id: uuid::Uuid::new_v4().to_string(),
+            owner: owner.to_owned(),
+            tool: name.to_owned(),
+            arguments: arguments.to_string(),
+            ttl_ms,
+            poll_interval_ms: Some(self.config.poll_interval_ms),
+            progress_token: progress_token.map(|t| t.to_string()),
+        };
+        let job = refused.is_none().then_some(NewJob {
+            max_attempts: tool.definition().max_attempts.max(1),
+            priority: 0,
+        });
+        let row = self
+            .store
+            .task_create(&new, job, refused.as_ref(), now_ms())
+            .await?;
+        self.feed.kick();
+        if job.is_some() {
+            self.job_queued.notify_waiters();
+        }
+        tracing::info!(task_id = %row.task_id, tool = name, ttl_ms = ?ttl_ms, "task created");
+        Ok(task_from_row(&row))
+    }
+
+    async fn visible_row(&self, owner: &str, task_id: &str) -> Result<TaskRow, BrokerError> {
+        let row = self.store.task_get(task_id).await?;
+        match row {
+            Some(row) if row.owner == owner => {
+                if row.expires_at.is_some_and(|at| at <= now_ms()) {
+                    Err(BrokerError::Expired)
+                } else {
+                    Ok(row)
+                }
+            }
+            // Another requestor's task is indistinguishable from none (T-36).
+            _ => Err(BrokerError::NotFound),
+        }
+    }
+
+    /// tasks/get.
+    pub async fn tasks_get(&self, owner: &str, task_id: &str) -> Result<Task, BrokerError> {
+        Ok(task_from_row(&self.visible_row(owner, task_id).await?))
+    }
+
+    /// tasks/result without waiting: the stored outcome, or `Pending`.
+    pub async fn tasks_result_now(
+        &self,
+        owner: &str,
+        task_id: &str,
+    ) -> Result<TaskResult, BrokerError> {
+        let row = self.visible_row(owner, task_id).await?;
+        Ok(result_of(&row))
+    }
+
+    /// tasks/result: wait until the task is terminal (T-14), then its outcome.
+    /// Woken by the change feed; re-reads the row now and then in case it
+    /// expired while waiting.
+    pub async fn tasks_result_wait(
+        &self,
+        owner: &str,
+        task_id: &str,
+    ) -> Result<TaskResult, BrokerError> {
+        let mut events = self.feed.subscribe();
+        loop {
+            match self.tasks_result_now(owner, task_id).await? {
+                TaskResult::Pending => {}
+                done => return Ok(done),
+            }
+            let deadline = tokio::time::sleep(Duration::from_secs(5));
+            tokio::pin!(deadline);
+            loop {
+                tokio::select! {
+                    _ = &mut deadline => break,
+                    event = events.recv() => match event {
+                        Ok(e) if e.task_id == task_id => break,
+                        Ok(_) => continue,
+                        Err(broadcast::error::RecvError::Lagged(_)) => break,
+                        Err(broadcast::error::RecvError::Closed) => {
+                            return Err(BrokerError::Store(StoreError::Db(sqlx::Error::PoolClosed)));
+                        }
+                    },
+                }
+            }
+        }
+    }
+
+    /// tasks/list: one page of the requestor's tasks, newest first, with the
+    /// cursor of the next page while more exist (T-17, T-18, T-19).
+    pub async fn tasks_list(
+        &self,
+        owner: &str,
+        cursor: Option<&str>,
+    ) -> Result<(Vec<Task>, Option<String>), BrokerError> {
+        let before = match cursor {
+            None => None,
+            Some(c) => Some(cursor::decode(c, owner).ok_or(BrokerError::InvalidCursor)?),
+        };
+        let limit = self.config.page_size;
+        let mut rows = self
+            .store
+            .task_list_page(owner, before, limit + 1, now_ms())
+            .await?;
+        let more = rows.len() as i64 > limit;
+        rows.truncate(limit as usize);
+        let next = if more {
+            rows.last().map(|r| cursor::encode(r.seq, owner))
+        } else {
+            None
+        };
+        Ok((rows.iter().map(task_from_row).collect(), next))
+    }
+
+    /// tasks/cancel: cancelled before this returns (T-21); the running job
+    /// is told to stop.
+    pub async fn tasks_cancel(&self, owner: &str, task_id: &str) -> Result<Task, BrokerError> {
+        // Expired tasks answer as expired, like tasks/get.
+        self.visible_row(owner, task_id).await?;
+        let outcome = self
+            .store
+            .task_cancel(
+                task_id,
+                owner,
+                "The task was cancelled by request.",
+                now_ms(),
+            )
+            .await?;
+        match outcome {
+            CancelOutcome::Cancelled(row) => {
+                self.feed.kick();
+                tracing::info!(task_id, "task cancelled");
+                Ok(task_from_row(&row))
+            }
+            CancelOutcome::Terminal(status) => Err(BrokerError::Terminal(
+                status.parse().unwrap_or(TaskStatus::Completed),
+            )),
+            CancelOutcome::NotFound => Err(BrokerError::NotFound),
+        }
+    }
+}
+
+fn result_of(row: &TaskRow) -> TaskResult {
+    let status: TaskStatus = row.status.parse().unwrap_or(TaskStatus::Failed);
+    if !status.is_terminal() {
+        return TaskResult::Pending;
+    }
+    if status == TaskStatus::Cancelled {
+        return TaskResult::Cancelled;
+    }
+    let parsed = row
+        .result
+        .as_deref()
+        .and_then(|r| serde_json::from_str::<Value>(r).ok());
+    match (row.result_kind.as_deref(), parsed) {
+        (Some("result"), Some(value)) => TaskResult::Result(value),
+        (Some("error"), Some(value)) => TaskResult::Error(value),
+        // A terminal task without a stored outcome: say so plainly.
+        _ => TaskResult::Error(
+            RpcError::new(
+                ErrorCode::InternalError,
+                format!(
+                    "Task {} ended '{}' without a stored result{}",
+                    row.task_id,
+                    row.status,
+                    row.status_message
+                        .as_deref()
+                        .map(|m| format!(": {m}"))
+                        .unwrap_or_default()
+                ),
+            )
+            .to_json(),
+        ),
+    }
+}

@@ -1,0 +1,33 @@
+//! taskbroker: a durable task broker for the Model Context Protocol
+//! (MCP 2025-11-25 tasks).
+//!
+//! MCP clients call tools as tasks over Streamable HTTP; every task, its
+//! status history and its result are rows in one SQLite file, so a killed and
+//! restarted server goes on answering `tasks/get`, `tasks/result` and
+//! `tasks/list`. Workers claim jobs in transactions under leases; a worker
+//! that dies loses nothing.
+//!
+//! # Layout
+//! Data flows top to bottom; each module has one job.
+//! - [`app`]: assembles a broker process (store, feed, workers, HTTP) and
+//!   shuts it down.
+//! - [`server`]: the `/mcp` endpoint: HTTP, sessions, origin checks, SSE,
+//!   dispatch of methods. No SQL.
+//! - [`mcp`]: the wire format (JSON-RPC framing, MCP shapes). No I/O.
+//! - [`broker`]: the task rules (create, get, result, list, cancel, ttl,
+//!   cursors), the change feed, and the purge/rescue services. No HTTP, no SQL.
+//! - [`worker`]: the pool that claims jobs, heartbeats leases and records
+//!   outcomes with fenced writes.
+//! - [`tools`]: the `Tool` trait, the registry that validates arguments, and
+//!   the demo tools.
+//! - [`store`]: every SQL statement, and the migrations runner.
+//! - [`clock`]: wall-clock milliseconds, the unit of every stored time.
+
+pub mod app;
+pub mod broker;
+pub mod clock;
+pub mod mcp;
+pub mod server;
+pub mod store;
+pub mod tools;
+pub mod worker;

@@ -1,0 +1,53 @@
+//! MCP wire format: JSON-RPC framing and the message shapes of MCP
+//! 2025-11-25 the broker reads and writes. Pure data: no I/O.
+
+mod jsonrpc;
+mod types;
+
+pub use jsonrpc::{
+    ErrorCode, Incoming, RequestId, RpcError, error_response, notification, parse_message,
+    success_response,
+};
+pub use types::*;
+
+/// The newest protocol version this server speaks (the one with tasks).
+pub const LATEST_PROTOCOL_VERSION: &str = "2025-11-25";
+
+/// Every protocol version accepted in initialize and `MCP-Protocol-Version`.
+pub const SUPPORTED_PROTOCOL_VERSIONS: &[&str] = &["2025-11-25", "2025-06-18", "2025-03-26"];
+
+/// The version assumed when a request carries no `MCP-Protocol-Version` (H-6).
+pub const DEFAULT_PROTOCOL_VERSION: &str = "2025-03-26";
+
+/// `_meta` key that ties a message to a task (T-16, T-28).
+pub const RELATED_TASK_META: &str = "io.modelcontextprotocol/related-task";
+
+/// `{"io.modelcontextprotocol/related-task": {"taskId": ...}}`.
+pub fn related_task_meta(task_id: &str) -> serde_json::Value {
+    serde_json::json!({ RELATED_TASK_META: { "taskId": task_id } })
+}
+
+/// Format milliseconds since the epoch as RFC 3339 UTC with milliseconds,
+/// e.g. `2025-11-25T10:30:00.123Z`.
+pub fn format_time(ms: i64) -> String {
+    use time::OffsetDateTime;
+    const FORMAT: &[time::format_description::BorrowedFormatItem<'static>] = time::macros::format_description!(
+        "[year]-[month]-[day]T[hour]:[minute]:[second].[subsecond digits:3]Z"
+    );
+    let nanos = i128::from(ms) * 1_000_000;
+    OffsetDateTime::from_unix_timestamp_nanos(nanos)
+        .ok()
+        .and_then(|t| t.format(FORMAT).ok())
+        .unwrap_or_else(|| "1970-01-01T00:00:00.000Z".to_owned())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn times_are_rfc3339_utc_with_millis() {
+        assert_eq!(format_time(0), "1970-01-01T00:00:00.000Z");
+        assert_eq!(format_time(1_764_066_600_123), "2025-11-25T10:30:00.123Z");
+    }
+}

@@ -1,0 +1,114 @@
+//! Request params and result shapes (schema 2025-11-25, `$defs` names).
+
+use serde::{Deserialize, Serialize};
+use serde_json::{Map, Value};
+
+use super::RpcError;
+
+/// Read `params` into a typed struct; a mismatch is -32602 naming the
+/// method and serde's reason.
+pub fn parse_params<T: serde::de::DeserializeOwned>(
+    method: &str,
+    params: Option<&Value>,
+) -> Result<T, RpcError> {
+    let value = params.cloned().unwrap_or_else(|| Value::Object(Map::new()));
+    serde_json::from_value(value)
+        .map_err(|e| RpcError::invalid_params(format!("Invalid params for {method}: {e}")))
+}
+
+/// `initialize` params.
+#[derive(Debug, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct InitializeParams {
+    /// The version the client wants.
+    pub protocol_version: String,
+    /// What the client can do.
+    #[serde(default)]
+    pub capabilities: Map<String, Value>,
+    /// Name and version of the client.
+    #[serde(default)]
+    pub client_info: Map<String, Value>,
+}
+
+/// `params.task` of a task-augmented request.
+#[derive(Debug, Deserialize, Default)]
+#[serde(deny_unknown_fields)]
+pub struct TaskMetadata {
+    /// Requested lifetime from creation, ms.
+    #[serde(default)]
+    pub ttl: Option<i64>,
+}
+
+/// `params._meta` of a request.
+#[derive(Debug, Deserialize, Default)]
+#[serde(rename_all = "camelCase")]
+pub struct RequestMeta {
+    /// Token for notifications/progress: a string or an integer.
+    #[serde(default)]
+    pub progress_token: Option<ProgressToken>,
+}
+
+/// A progressToken: string or integer.
+#[derive(Debug, Clone, Deserialize, Serialize, PartialEq)]
+#[serde(untagged)]
+pub enum ProgressToken {
+    /// `"abc"`.
+    String(String),
+    /// `7`.
+    Integer(i64),
+}
+
+/// `tools/call` params.
+#[derive(Debug, Deserialize)]
+pub struct CallToolParams {
+    /// The tool.
+    pub name: String,
+    /// Its arguments (an object).
+    #[serde(default)]
+    pub arguments: Option<Map<String, Value>>,
+    /// Present: run as a task.
+    #[serde(default)]
+    pub task: Option<TaskMetadata>,
+    /// progressToken and friends.
+    #[serde(default, rename = "_meta")]
+    pub meta: Option<RequestMeta>,
+}
+
+/// `tasks/get`, `tasks/result`, `tasks/cancel` params. `_meta` is ignored
+/// (T-29: the taskId param is authoritative).
+#[derive(Debug, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct TaskIdParams {
+    /// The task.
+    pub task_id: String,
+}
+
+/// `tasks/list` and `tools/list` params.
+#[derive(Debug, Deserialize, Default)]
+pub struct PaginatedParams {
+    /// Opaque cursor from the previous page.
+    #[serde(default)]
+    pub cursor: Option<String>,
+}
+
+/// The `Task` object (schema `$defs/Task`).
+#[derive(Debug, Clone, Serialize, PartialEq)]
+#[serde(rename_all = "camelCase")]
+pub struct Task {
+    /// Id made by the receiver.
+    pub task_id: String,
+    /// working | input_required | completed | failed | cancelled.
+    pub status: String,
+    /// Human-readable word on the status.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub status_message: Option<String>,
+    /// RFC 3339.
+    pub created_at: String,
+    /// RFC 3339.
+    pub last_updated_at: String,
+    /// Actual ttl in ms; null = unlimited. The key is always present (T-10).
+    pub ttl: Option<i64>,
+    /// Suggested ms between polls.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub poll_interval: Option<i64>,
+}

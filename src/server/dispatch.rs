@@ -1,0 +1,310 @@
+//! One match from method name to handler. Each handler returns a
+//! [`Reply`]: a finished result, or a future (with notifications on the way)
+//! that the transport streams over SSE or awaits for a JSON response.
+
+use std::sync::Arc;
+
+use futures_util::future::BoxFuture;
+use serde_json::{Map, Value, json};
+use tokio::sync::mpsc;
+use tokio_util::sync::CancellationToken;
+
+use super::AppState;
+use super::sessions::Session;
+use crate::broker::{Task, TaskResult};
+use crate::mcp::{
+    self, CallToolParams, ErrorCode, PaginatedParams, ProgressToken, RpcError, TaskIdParams,
+    parse_params,
+};
+use crate::tools::{ToolContext, ToolEvent, ToolOutcome};
+
+/// The outcome of one request.
+pub enum Reply {
+    /// Known now: the `result` object, or an error object.
+    Done(Result<Value, Value>),
+    /// Known later. `notifications` are JSON-RPC notifications to send first
+    /// (on SSE only); `outcome` resolves to the result or error object.
+    Later {
+        /// Notifications while waiting.
+        notifications: Option<mpsc::UnboundedReceiver<Value>>,
+        /// The eventual result (Ok) or error object (Err).
+        outcome: BoxFuture<'static, Result<Value, Value>>,
+    },
+}
+
+impl Reply {
+    fn err(e: RpcError) -> Self {
+        Self::Done(Err(e.to_json()))
+    }
+}
+
+/// The `Task` wire object.
+pub fn task_json(task: &Task) -> Value {
+    serde_json::to_value(mcp::Task {
+        task_id: task.task_id.clone(),
+        status: task.status.as_str().to_owned(),
+        status_message: task.status_message.clone(),
+        created_at: mcp::format_time(task.created_at),
+        last_updated_at: mcp::format_time(task.updated_at),
+        ttl: task.ttl_ms,
+        poll_interval: task.poll_interval_ms,
+    })
+    .unwrap_or(Value::Null)
+}
+
+/// Route a request (other than initialize) to its handler.
+pub async fn dispatch(
+    state: &AppState,
+    session: &Arc<Session>,
+    method: &str,
+    params: Option<&Value>,
+) -> Reply {
+    match method {
+        "ping" => Reply::Done(Ok(json!({}))),
+        "tools/list" => tools_list(state, params),
+        "tools/call" => tools_call(state, session, params).await,
+        "tasks/get" => tasks_get(state, session, params).await,
+        "tasks/result" => tasks_result(state, session, params).await,
+        "tasks/list" => tasks_list(state, session, params).await,
+        "tasks/cancel" => tasks_cancel(state, session, params).await,
+        other => Reply::err(RpcError::method_not_found(other)),
+    }
+}
+
+fn tools_list(state: &AppState, params: Option<&Value>) -> Reply {
+    // T-2: a `task` field here is ignored (tools/list is not task-capable).
+    let params: PaginatedParams = match parse_params("tools/list", params) {
+        Ok(p) => p,
+        Err(e) => return Reply::err(e),
+    };
+    if params.cursor.is_some() {
+        // Every tool fits on one page, so no cursor was ever handed out.
+        return Reply::err(RpcError::invalid_params("Invalid cursor"));
+    }
+    let tools: Vec<Value> = state
+        .broker
+        .tools()
+        .definitions()
+        .map(|d| d.to_json())
+        .collect();
+    Reply::Done(Ok(json!({ "tools": tools })))
+}
+
+async fn tools_call(state: &AppState, session: &Arc<Session>, params: Option<&Value>) -> Reply {
+    let params: CallToolParams = match parse_params("tools/call", params) {
+        Ok(p) => p,
+        Err(e) => return Reply::err(e),
+    };
+    let arguments = params.arguments.unwrap_or_default();
+    let progress_token = params.meta.and_then(|m| m.progress_token);
+    let broker = &state.broker;
+    if let Some(task) = params.task {
+        let token = progress_token.map(|t| serde_json::to_value(t).unwrap_or(Value::Null));
+        return match broker
+            .tools_call_task(&session.owner(), &params.name, arguments, task.ttl, token)
+            .await
+        {
+            Ok(task) => Reply::Done(Ok(json!({ "task": task_json(&task) }))),
+            Err(e) => {
+                log_broker_error(&e);
+                Reply::err(e.to_rpc("create"))
+            }
+        };
+    }
+    let tool = match broker.tool_for_call(&params.name, false) {
+        Ok(t) => t,
+        Err(e) => return Reply::err(e.to_rpc("call")),
+    };
+    let arguments = Value::Object(arguments);
+    if let Err(reason) = broker.tools().validate(&params.name, &arguments) {
+        return Reply::Done(Ok(outcome_json(ToolOutcome::tool_error(reason))));
+    }
+    // A plain call runs here, on this request (no task row, no durability).
+    let (events_tx, mut events) = mpsc::unbounded_channel();
+    let (notes_tx, notes) = mpsc::unbounded_channel();
+    let ctx = ToolContext::new(events_tx, CancellationToken::new(), None, 1);
+    let outcome = async move {
+        let run = tool.call(arguments, ctx);
+        tokio::pin!(run);
+        loop {
+            tokio::select! {
+                outcome = &mut run => {
+                    while let Ok(event) = events.try_recv() {
+                        forward_progress(&notes_tx, progress_token.as_ref(), event);
+                    }
+                    return outcome_result(outcome);
+                }
+                Some(event) = events.recv() => forward_progress(&notes_tx, progress_token.as_ref(), event),
+            }
+        }
+    };
+    Reply::Later {
+        notifications: Some(notes),
+        outcome: Box::pin(outcome),
+    }
+}
+
+fn forward_progress(
+    notes: &mpsc::UnboundedSender<Value>,
+    token: Option<&ProgressToken>,
+    event: ToolEvent,
+) {
+    let (
+        Some(token),
+        ToolEvent::Progress {
+            progress,
+            total,
+            message,
+        },
+    ) = (token, event)
+    else {
+        return;
+    };
+    let mut params = Map::new();
+    params.insert("progressToken".into(), json!(token));
+    params.insert("progress".into(), json!(progress));
+    if let Some(total) = total {
+        params.insert("total".into(), json!(total));
+    }
+    if let Some(message) = message {
+        params.insert("message".into(), json!(message));
+    }
+    let _ = notes.send(mcp::notification(
+        "notifications/progress",
+        Value::Object(params),
+    ));
+}
+
+fn outcome_json(outcome: ToolOutcome) -> Value {
+    match outcome {
+        ToolOutcome::Result(v) => v,
+        ToolOutcome::Error(e) => e.to_json(),
+    }
+}
+
+fn outcome_result(outcome: ToolOutcome) -> Result<Value, Value> {
+    match outcome {
+        ToolOutcome::Result(v) => Ok(v),
+        ToolOutcome::Error(e) => Err(e.to_json()),
+    }
+}
+
+fn log_broker_error(e: &crate::broker::BrokerError) {
+    if let crate::broker::BrokerError::Store(inner) = e {
+        tracing::error!(error = %inner, "store failure");
+    }
+}
+
+async fn tasks_get(state: &AppState, session: &Arc<Session>, params: Option<&Value>) -> Reply {
+    let p: TaskIdParams = match parse_params("tasks/get", params) {
+        Ok(p) => p,
+        Err(e) => return Reply::err(e),
+    };
+    match state.broker.tasks_get(&session.owner(), &p.task_id).await {
+        // T-30: no related-task _meta on tasks/get results.
+        Ok(task) => Reply::Done(Ok(task_json(&task))),
+        Err(e) => {
+            log_broker_error(&e);
+            Reply::err(e.to_rpc("retrieve"))
+        }
+    }
+}
+
+/// The tasks/result answer for a terminal task, with related-task `_meta`
+/// on success (T-16). Errors are returned exactly as stored (T-15).
+fn result_reply(task_id: &str, result: TaskResult) -> Result<Value, Value> {
+    match result {
+        TaskResult::Result(mut value) => {
+            if let Value::Object(obj) = &mut value {
+                let meta = obj.entry("_meta").or_insert_with(|| json!({}));
+                if let Value::Object(meta) = meta {
+                    meta.insert(mcp::RELATED_TASK_META.into(), json!({ "taskId": task_id }));
+                }
+            }
+            Ok(value)
+        }
+        TaskResult::Error(error) => Err(error),
+        TaskResult::Cancelled => Err(RpcError {
+            code: ErrorCode::RequestCancelled,
+            message: format!("Task {task_id} was cancelled; it has no result"),
+            data: Some(json!({ "taskId": task_id, "status": "cancelled" })),
+        }
+        .to_json()),
+        TaskResult::Pending => Err(RpcError::internal().to_json()),
+    }
+}
+
+async fn tasks_result(state: &AppState, session: &Arc<Session>, params: Option<&Value>) -> Reply {
+    let p: TaskIdParams = match parse_params("tasks/result", params) {
+        Ok(p) => p,
+        Err(e) => return Reply::err(e),
+    };
+    let owner = session.owner();
+    match state.broker.tasks_result_now(&owner, &p.task_id).await {
+        Ok(TaskResult::Pending) => {}
+        Ok(done) => return Reply::Done(result_reply(&p.task_id, done)),
+        Err(e) => {
+            log_broker_error(&e);
+            return Reply::err(e.to_rpc("retrieve"));
+        }
+    }
+    // T-14: block until terminal; the transport streams this over SSE with
+    // keep-alives when the client accepts it.
+    let broker = state.broker.clone();
+    let outcome = async move {
+        match broker.tasks_result_wait(&owner, &p.task_id).await {
+            Ok(done) => result_reply(&p.task_id, done),
+            Err(e) => {
+                log_broker_error(&e);
+                Err(e.to_rpc("retrieve").to_json())
+            }
+        }
+    };
+    Reply::Later {
+        notifications: None,
+        outcome: Box::pin(outcome),
+    }
+}
+
+async fn tasks_list(state: &AppState, session: &Arc<Session>, params: Option<&Value>) -> Reply {
+    let p: PaginatedParams = match parse_params("tasks/list", params) {
+        Ok(p) => p,
+        Err(e) => return Reply::err(e),
+    };
+    match state
+        .broker
+        .tasks_list(&session.owner(), p.cursor.as_deref())
+        .await
+    {
+        Ok((tasks, next)) => {
+            let mut result = Map::new();
+            result.insert("tasks".into(), tasks.iter().map(task_json).collect());
+            if let Some(next) = next {
+                result.insert("nextCursor".into(), json!(next));
+            }
+            Reply::Done(Ok(Value::Object(result)))
+        }
+        Err(e) => {
+            log_broker_error(&e);
+            Reply::err(e.to_rpc("list"))
+        }
+    }
+}
+
+async fn tasks_cancel(state: &AppState, session: &Arc<Session>, params: Option<&Value>) -> Reply {
+    let p: TaskIdParams = match parse_params("tasks/cancel", params) {
+        Ok(p) => p,
+        Err(e) => return Reply::err(e),
+    };
+    match state
+        .broker
+        .tasks_cancel(&session.owner(), &p.task_id)
+        .await
+    {
+        Ok(task) => Reply::Done(Ok(task_json(&task))),
+        Err(e) => {
+            log_broker_error(&e);
+            Reply::err(e.to_rpc("cancel"))
+        }
+    }
+}

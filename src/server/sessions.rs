@@ -1,0 +1,125 @@
+//! MCP sessions (H-5): made by initialize, stored in SQLite so a restarted
+//! server still accepts them, cached in memory for the hot path.
+
+use std::collections::HashMap;
+use std::sync::atomic::{AtomicI64, Ordering};
+use std::sync::{Arc, RwLock};
+
+use serde_json::{Map, Value};
+
+use crate::clock::now_ms;
+use crate::store::{NewSession, Store, StoreError};
+
+/// How often (ms) a session's last_seen_at is written.
+const TOUCH_EVERY_MS: i64 = 60_000;
+
+/// A live session.
+#[derive(Debug)]
+pub struct Session {
+    /// The Mcp-Session-Id.
+    pub id: String,
+    /// Negotiated protocol version.
+    pub protocol_version: String,
+    /// What the client declared in initialize.
+    pub client_capabilities: Value,
+    last_touch: AtomicI64,
+}
+
+impl Session {
+    /// The owner recorded on this session's tasks.
+    pub fn owner(&self) -> String {
+        format!("session:{}", self.id)
+    }
+}
+
+/// Session table with a read-through cache.
+#[derive(Debug)]
+pub struct Sessions {
+    store: Store,
+    cache: RwLock<HashMap<String, Arc<Session>>>,
+}
+
+impl Sessions {
+    /// Sessions stored in `store`.
+    pub fn new(store: Store) -> Self {
+        Self {
+            store,
+            cache: RwLock::new(HashMap::new()),
+        }
+    }
+
+    /// Make and store a session for an initialize request.
+    pub async fn create(
+        &self,
+        protocol_version: &str,
+        client_capabilities: &Map<String, Value>,
+        client_info: &Map<String, Value>,
+    ) -> Result<Arc<Session>, StoreError> {
+        let id = uuid::Uuid::new_v4().simple().to_string();
+        let now = now_ms();
+        self.store
+            .session_create(
+                &NewSession {
+                    session_id: id.clone(),
+                    protocol_version: protocol_version.to_owned(),
+                    client_info: Value::Object(client_info.clone()).to_string(),
+                    client_capabilities: Value::Object(client_capabilities.clone()).to_string(),
+                },
+                now,
+            )
+            .await?;
+        let session = Arc::new(Session {
+            id: id.clone(),
+            protocol_version: protocol_version.to_owned(),
+            client_capabilities: Value::Object(client_capabilities.clone()),
+            last_touch: AtomicI64::new(now),
+        });
+        self.write_cache().insert(id, session.clone());
+        Ok(session)
+    }
+
+    /// A live session by id; None when unknown or ended (-> 404).
+    pub async fn lookup(&self, id: &str) -> Result<Option<Arc<Session>>, StoreError> {
+        let cached = self.read_cache().get(id).cloned();
+        let session = match cached {
+            Some(s) => s,
+            None => {
+                let Some(row) = self.store.session_get(id).await? else {
+                    return Ok(None);
+                };
+                if row.ended_at.is_some() {
+                    return Ok(None);
+                }
+                let session = Arc::new(Session {
+                    id: row.session_id.clone(),
+                    protocol_version: row.protocol_version,
+                    client_capabilities: serde_json::from_str(&row.client_capabilities)
+                        .unwrap_or(Value::Object(Map::new())),
+                    last_touch: AtomicI64::new(row.last_seen_at),
+                });
+                self.write_cache().insert(row.session_id, session.clone());
+                session
+            }
+        };
+        let now = now_ms();
+        let last = session.last_touch.load(Ordering::Relaxed);
+        if now - last > TOUCH_EVERY_MS {
+            session.last_touch.store(now, Ordering::Relaxed);
+            self.store.session_touch(id, now).await?;
+        }
+        Ok(Some(session))
+    }
+
+    /// End a session (DELETE); false when it was not live.
+    pub async fn end(&self, id: &str) -> Result<bool, StoreError> {
+        self.write_cache().remove(id);
+        self.store.session_end(id, now_ms()).await
+    }
+
+    fn read_cache(&self) -> std::sync::RwLockReadGuard<'_, HashMap<String, Arc<Session>>> {
+        self.cache.read().unwrap_or_else(|p| p.into_inner())
+    }
+    fn write_cache(&self) -> std::sync::RwLockWriteGuard<'_, HashMap<String, Arc<Session>>> {
+        self.cache.write().unwrap_or_else(|p| p.into_inner())
+    }
+}

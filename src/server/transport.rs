@@ -1,0 +1,383 @@
+//! Streamable HTTP (H-1..H-8): one endpoint for POST, GET and DELETE; header
+//! checks; session lookup; JSON or SSE responses.
+
+use std::sync::Arc;
+use std::time::Instant;
+
+use axum::body::Body;
+use axum::extract::{Request, State};
+use axum::http::{HeaderMap, HeaderValue, Method, StatusCode, header};
+use axum::response::{IntoResponse, Response};
+use serde_json::{Value, json};
+
+use super::dispatch::{Reply, dispatch};
+use super::origin::{host_allowed, origin_allowed};
+use super::sessions::Session;
+use super::{AppState, sse};
+use crate::mcp::{
+    self, Incoming, InitializeParams, RequestId, RpcError, error_response, parse_params,
+    success_response,
+};
+
+/// Header carrying the session id (H-5).
+pub const SESSION_HEADER: &str = "mcp-session-id";
+/// Header carrying the protocol version (H-6).
+pub const VERSION_HEADER: &str = "mcp-protocol-version";
+
+/// An HTTP-level refusal with a JSON-RPC error body (`id` null).
+fn http_error(status: StatusCode, code: i64, message: &str) -> Response {
+    let body =
+        json!({ "jsonrpc": "2.0", "id": null, "error": { "code": code, "message": message } });
+    (
+        status,
+        [(header::CONTENT_TYPE, "application/json")],
+        body.to_string(),
+    )
+        .into_response()
+}
+
+fn json_response(status: StatusCode, body: &Value) -> Response {
+    (
+        status,
+        [(header::CONTENT_TYPE, "application/json")],
+        body.to_string(),
+    )
+        .into_response()
+}
+
+fn header_str<'a>(headers: &'a HeaderMap, name: &str) -> Option<&'a str> {
+    headers.get(name).and_then(|v| v.to_str().ok())
+}
+
+/// The handler of `/mcp`.
+pub async fn mcp(State(state): State<AppState>, request: Request) -> Response {
+    let (parts, body) = request.into_parts();
+    if let Some(refused) = check_origin(&state, &parts.headers) {
+        return refused;
+    }
+    match parts.method {
+        Method::POST => post(state, parts.headers, body).await,
+        Method::GET => get(state, parts.headers).await,
+        Method::DELETE => delete(state, parts.headers).await,
+        _ => {
+            let mut r = http_error(
+                StatusCode::METHOD_NOT_ALLOWED,
+                -32000,
+                "Method not allowed: use POST, GET or DELETE",
+            );
+            r.headers_mut()
+                .insert(header::ALLOW, HeaderValue::from_static("GET, POST, DELETE"));
+            r
+        }
+    }
+}
+
+fn check_origin(state: &AppState, headers: &HeaderMap) -> Option<Response> {
+    let allowed = &state.config.allowed_origins;
+    if let Some(origin) = headers.get(header::ORIGIN) {
+        let ok = origin
+            .to_str()
+            .is_ok_and(|o| origin_allowed(o, state.local_addr, allowed));
+        if !ok {
+            tracing::warn!(origin = ?origin, "request refused: origin not allowed");
+            return Some(http_error(
+                StatusCode::FORBIDDEN,
+                -32000,
+                "Forbidden: Origin not allowed",
+            ));
+        }
+    }
+    if let Some(host) = headers.get(header::HOST) {
+        let ok = host
+            .to_str()
+            .is_ok_and(|h| host_allowed(h, state.local_addr, allowed));
+        if !ok {
+            tracing::warn!(host = ?host, "request refused: host not allowed");
+            return Some(http_error(
+                StatusCode::FORBIDDEN,
+                -32000,
+                "Forbidden: Host not allowed",
+            ));
+        }
+    }
+    None
+}
+
+fn accepts(headers: &HeaderMap, media: &str) -> bool {
+    let Some(accept) = header_str(headers, header::ACCEPT.as_str()) else {
+        return false;
+    };
+    accept.split(',').any(|part| {
+        let m = part.split(';').next().unwrap_or("").trim();
+        m.eq_ignore_ascii_case(media) || m == "*/*"
+    })
+}
+
+/// The session a request names, or the response that refuses it (H-5, H-6).
+async fn require_session(state: &AppState, headers: &HeaderMap) -> Result<Arc<Session>, Response> {
+    if let Some(version) = header_str(headers, VERSION_HEADER)
+        && !mcp::SUPPORTED_PROTOCOL_VERSIONS.contains(&version)
+    {
+        return Err(http_error(
+            StatusCode::BAD_REQUEST,
+            -32000,
+            &format!(
+                "Bad Request: unsupported MCP-Protocol-Version '{version}' (supported: {})",
+                mcp::SUPPORTED_PROTOCOL_VERSIONS.join(", ")
+            ),
+        ));
+    }
+    let Some(id) = header_str(headers, SESSION_HEADER) else {
+        return Err(http_error(
+            StatusCode::BAD_REQUEST,
+            -32000,
+            "Bad Request: Mcp-Session-Id header is required (send initialize first)",
+        ));
+    };
+    match state.sessions.lookup(id).await {
+        Ok(Some(session)) => Ok(session),
+        Ok(None) => Err(http_error(
+            StatusCode::NOT_FOUND,
+            -32001,
+            "Session not found: it ended or never existed; initialize a new one",
+        )),
+        Err(e) => {
+            tracing::error!(error = %e, "session lookup failed");
+            Err(http_error(
+                StatusCode::INTERNAL_SERVER_ERROR,
+                -32603,
+                "Internal error",
+            ))
+        }
+    }
+}
+
+async fn post(state: AppState, headers: HeaderMap, body: Body) -> Response {
+    if let Some(ct) = header_str(&headers, header::CONTENT_TYPE.as_str()) {
+        let media = ct.split(';').next().unwrap_or("").trim();
+        if !media.eq_ignore_ascii_case("application/json") {
+            return http_error(
+                StatusCode::UNSUPPORTED_MEDIA_TYPE,
+                -32000,
+                "Unsupported Media Type: POST bodies must be application/json",
+            );
+        }
+    }
+    if header_str(&headers, header::ACCEPT.as_str()).is_some()
+        && !accepts(&headers, "application/json")
+        && !accepts(&headers, "text/event-stream")
+    {
+        return http_error(
+            StatusCode::NOT_ACCEPTABLE,
+            -32000,
+            "Not Acceptable: Accept must include application/json or text/event-stream",
+        );
+    }
+    let limit = state.config.max_body_bytes;
+    let too_large = || {
+        http_error(
+            StatusCode::PAYLOAD_TOO_LARGE,
+            -32000,
+            &format!("Payload Too Large: the body limit is {limit} bytes"),
+        )
+    };
+    let declared =
+        header_str(&headers, header::CONTENT_LENGTH.as_str()).and_then(|v| v.parse::<usize>().ok());
+    if declared.is_some_and(|n| n > limit) {
+        return too_large();
+    }
+    let bytes = match axum::body::to_bytes(body, limit).await {
+        Ok(b) => b,
+        Err(_) => return too_large(),
+    };
+    let message = match mcp::parse_message(&bytes) {
+        Ok(m) => m,
+        Err(e) => return json_response(StatusCode::BAD_REQUEST, &error_response(None, &e)),
+    };
+    match message {
+        Incoming::Request { id, method, params } if method == "initialize" => {
+            initialize(&state, &id, params.as_ref()).await
+        }
+        Incoming::Request { id, method, params } => {
+            let session = match require_session(&state, &headers).await {
+                Ok(s) => s,
+                Err(r) => return r,
+            };
+            request(state, &headers, session, id, method, params).await
+        }
+        Incoming::Notification { method, .. } => {
+            if let Err(r) = require_session(&state, &headers).await {
+                return r;
+            }
+            tracing::debug!(method, "notification");
+            StatusCode::ACCEPTED.into_response()
+        }
+        Incoming::Response { id, .. } => {
+            if let Err(r) = require_session(&state, &headers).await {
+                return r;
+            }
+            tracing::debug!(id = ?id.0, "client response (no request of ours is pending)");
+            StatusCode::ACCEPTED.into_response()
+        }
+    }
+}
+
+/// initialize (H-7): negotiate the version, declare capabilities (T-1),
+/// start a session (H-5).
+async fn initialize(state: &AppState, id: &RequestId, params: Option<&Value>) -> Response {
+    let params: InitializeParams = match parse_params("initialize", params) {
+        Ok(p) => p,
+        Err(e) => return json_response(StatusCode::OK, &error_response(Some(id), &e)),
+    };
+    let version = if mcp::SUPPORTED_PROTOCOL_VERSIONS.contains(&params.protocol_version.as_str()) {
+        params.protocol_version.clone()
+    } else {
+        mcp::LATEST_PROTOCOL_VERSION.to_owned()
+    };
+    let session = match state
+        .sessions
+        .create(&version, &params.capabilities, &params.client_info)
+        .await
+    {
+        Ok(s) => s,
+        Err(e) => {
+            tracing::error!(error = %e, "session create failed");
+            return json_response(
+                StatusCode::OK,
+                &error_response(Some(id), &RpcError::internal()),
+            );
+        }
+    };
+    let result = json!({
+        "protocolVersion": version,
+        "capabilities": {
+            "tools": { "listChanged": false },
+            "tasks": {
+                "list": {},
+                "cancel": {},
+                "requests": { "tools": { "call": {} } }
+            }
+        },
+        "serverInfo": { "name": "taskbroker", "version": env!("CARGO_PKG_VERSION") },
+        "instructions": "Durable task broker: call tools with params.task to run them as tasks; poll tasks/get, fetch tasks/result."
+    });
+    tracing::info!(session = %session.id, version, client = ?params.client_info.get("name"), "session initialized");
+    let mut response = json_response(StatusCode::OK, &success_response(id, result));
+    if let Ok(value) = HeaderValue::from_str(&session.id) {
+        response.headers_mut().insert(SESSION_HEADER, value);
+    }
+    response
+}
+
+async fn request(
+    state: AppState,
+    headers: &HeaderMap,
+    session: Arc<Session>,
+    id: RequestId,
+    method: String,
+    params: Option<Value>,
+) -> Response {
+    let started = Instant::now();
+    let task_id = params
+        .as_ref()
+        .and_then(|p| p.get("taskId"))
+        .and_then(Value::as_str)
+        .map(str::to_owned);
+    let reply = dispatch(&state, &session, &method, params.as_ref()).await;
+    match reply {
+        Reply::Done(outcome) => {
+            log_request(&method, task_id.as_deref(), &outcome, started);
+            json_response(StatusCode::OK, &to_message(&id, outcome))
+        }
+        Reply::Later {
+            notifications,
+            outcome,
+        } => {
+            if accepts(headers, "text/event-stream") {
+                sse::respond(state.config.keep_alive, notifications, async move {
+                    let outcome = outcome.await;
+                    log_request(&method, task_id.as_deref(), &outcome, started);
+                    to_message(&id, outcome)
+                })
+            } else {
+                let outcome = outcome.await;
+                log_request(&method, task_id.as_deref(), &outcome, started);
+                json_response(StatusCode::OK, &to_message(&id, outcome))
+            }
+        }
+    }
+}
+
+fn to_message(id: &RequestId, outcome: Result<Value, Value>) -> Value {
+    match outcome {
+        Ok(result) => success_response(id, result),
+        Err(error) => json!({ "jsonrpc": "2.0", "id": id.0, "error": error }),
+    }
+}
+
+fn log_request(
+    method: &str,
+    task_id: Option<&str>,
+    outcome: &Result<Value, Value>,
+    started: Instant,
+) {
+    let task_id = task_id.or_else(|| {
+        outcome
+            .as_ref()
+            .ok()
+            .and_then(|r| r.pointer("/task/taskId"))
+            .and_then(Value::as_str)
+    });
+    let status = match outcome {
+        Ok(r) => r
+            .get("status")
+            .or_else(|| r.pointer("/task/status"))
+            .and_then(Value::as_str)
+            .unwrap_or("ok")
+            .to_owned(),
+        Err(e) => format!(
+            "error {}",
+            e.get("code").and_then(Value::as_i64).unwrap_or(0)
+        ),
+    };
+    tracing::info!(
+        method,
+        task_id = task_id.unwrap_or("-"),
+        status,
+        duration_ms = started.elapsed().as_secs_f64() * 1000.0,
+        "request"
+    );
+}
+
+/// GET opens the session's stream for server-to-client messages (H-1).
+async fn get(state: AppState, headers: HeaderMap) -> Response {
+    if !accepts(&headers, "text/event-stream") {
+        return http_error(
+            StatusCode::NOT_ACCEPTABLE,
+            -32000,
+            "Not Acceptable: GET needs Accept: text/event-stream",
+        );
+    }
+    match require_session(&state, &headers).await {
+        Ok(_) => sse::idle(state.config.keep_alive),
+        Err(r) => r,
+    }
+}
+
+/// DELETE ends the session (H-1, H-5).
+async fn delete(state: AppState, headers: HeaderMap) -> Response {
+    let session = match require_session(&state, &headers).await {
+        Ok(s) => s,
+        Err(r) => return r,
+    };
+    match state.sessions.end(&session.id).await {
+        Ok(_) => {
+            tracing::info!(session = %session.id, "session ended");
+            StatusCode::NO_CONTENT.into_response()
+        }
+        Err(e) => {
+            tracing::error!(error = %e, "session end failed");
+            http_error(StatusCode::INTERNAL_SERVER_ERROR, -32603, "Internal error")
+        }
+    }
+}

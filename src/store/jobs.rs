@@ -1,0 +1,244 @@
+//! SQL for `jobs`: claims, leases, fenced completion, rescue of lost leases.
+
+use super::tasks::TaskOutcome;
+use super::{BEGIN_IMMEDIATE, Store, StoreError};
+
+/// A job this worker now holds a lease on.
+#[derive(Debug, Clone)]
+pub struct ClaimedJob {
+    /// The task's row key (also the job's key).
+    pub task_seq: i64,
+    /// The task's id.
+    pub task_id: String,
+    /// Tool to run.
+    pub tool: String,
+    /// Arguments (JSON text).
+    pub arguments: String,
+    /// progressToken (JSON text), if the caller gave one.
+    pub progress_token: Option<String>,
+    /// 1 for the first run.
+    pub attempt: i64,
+    /// Attempts allowed before the task fails.
+    pub max_attempts: i64,
+    /// Fences every later write of this run.
+    pub lease_token: String,
+}
+
+/// What a heartbeat learnt.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct HeartbeatOutcome {
+    /// The task was cancelled: stop the tool.
+    pub cancel_requested: bool,
+}
+
+/// What one rescue pass did.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct RescueReport {
+    /// Jobs queued again for another attempt.
+    pub requeued: u64,
+    /// Tasks failed because no attempts remained.
+    pub failed: u64,
+    /// Jobs of cancelled tasks whose worker vanished, closed.
+    pub closed: u64,
+}
+
+impl Store {
+    /// Claim up to `limit` runnable jobs for `worker`, by priority then age,
+    /// in one `BEGIN IMMEDIATE` transaction. All jobs of one claim share the
+    /// fresh `lease_token`.
+    pub async fn job_claim_available(
+        &self,
+        worker: &str,
+        lease_token: &str,
+        limit: i64,
+        lease_ms: i64,
+        now: i64,
+    ) -> Result<Vec<ClaimedJob>, StoreError> {
+        let mut tx = self.write.begin_with(BEGIN_IMMEDIATE).await?;
+        let lease_expires_at = now + lease_ms;
+        let claimed = sqlx::query!(
+            "UPDATE jobs SET state = 'running', attempt = attempt + 1, lease_owner = ?,
+                    lease_token = ?, lease_expires_at = ?
+              WHERE task_seq IN (SELECT task_seq FROM jobs
+                                  WHERE state = 'queued' AND run_after <= ?
+                                  ORDER BY priority, task_seq LIMIT ?)",
+            worker,
+            lease_token,
+            lease_expires_at,
+            now,
+            limit
+        )
+        .execute(&mut *tx)
+        .await?;
+        if claimed.rows_affected() == 0 {
+            tx.rollback().await?;
+            return Ok(Vec::new());
+        }
+        let jobs = sqlx::query_as!(
+            ClaimedJob,
+            r#"SELECT j.task_seq AS "task_seq!", t.task_id, t.tool, t.arguments, t.progress_token,
+                      j.attempt, j.max_attempts, j.lease_token AS "lease_token!"
+                 FROM jobs j JOIN tasks t ON t.seq = j.task_seq
+                WHERE j.lease_token = ? AND j.state = 'running'
+                ORDER BY j.priority, j.task_seq"#,
+            lease_token
+        )
+        .fetch_all(&mut *tx)
+        .await?;
+        tx.commit().await?;
+        Ok(jobs)
+    }
+
+    /// Extend the lease of a running job. `LeaseLost` when the token no
+    /// longer holds it.
+    pub async fn job_heartbeat(
+        &self,
+        task_seq: i64,
+        lease_token: &str,
+        lease_ms: i64,
+        now: i64,
+    ) -> Result<HeartbeatOutcome, StoreError> {
+        let expires = now + lease_ms;
+        let row = sqlx::query_scalar!(
+            "UPDATE jobs SET lease_expires_at = ?
+              WHERE task_seq = ? AND lease_token = ? AND state = 'running'
+              RETURNING cancel_requested",
+            expires,
+            task_seq,
+            lease_token
+        )
+        .fetch_optional(&self.write)
+        .await?;
+        match row {
+            Some(flag) => Ok(HeartbeatOutcome {
+                cancel_requested: flag != 0,
+            }),
+            None => Err(StoreError::LeaseLost),
+        }
+    }
+
+    /// Finish a job and record the task's outcome in one transaction, fenced
+    /// by the lease token. Returns whether the task took the outcome: false
+    /// when it was already terminal (cancelled), which stays as it is (T-22).
+    pub async fn job_complete(
+        &self,
+        task_seq: i64,
+        lease_token: &str,
+        outcome: &TaskOutcome,
+        now: i64,
+    ) -> Result<bool, StoreError> {
+        let mut tx = self.write.begin_with(BEGIN_IMMEDIATE).await?;
+        let fenced = sqlx::query!(
+            "UPDATE jobs SET state = 'done', lease_token = NULL, lease_expires_at = NULL, finished_at = ?
+              WHERE task_seq = ? AND lease_token = ? AND state = 'running'",
+            now,
+            task_seq,
+            lease_token
+        )
+        .execute(&mut *tx)
+        .await?;
+        if fenced.rows_affected() == 0 {
+            tx.rollback().await?;
+            return Err(StoreError::LeaseLost);
+        }
+        let updated = sqlx::query!(
+            "UPDATE tasks SET status = ?, status_message = ?, result = ?, result_kind = ?,
+                    updated_at = MAX(updated_at, ?)
+              WHERE seq = ? AND status IN ('working', 'input_required')",
+            outcome.status,
+            outcome.status_message,
+            outcome.result,
+            outcome.result_kind,
+            now,
+            task_seq
+        )
+        .execute(&mut *tx)
+        .await?;
+        tx.commit().await?;
+        Ok(updated.rows_affected() == 1)
+    }
+
+    /// Close a job whose task was cancelled while it ran, fenced by the
+    /// lease token. The task itself is already cancelled.
+    pub async fn job_finish_cancelled(
+        &self,
+        task_seq: i64,
+        lease_token: &str,
+        now: i64,
+    ) -> Result<(), StoreError> {
+        let done = sqlx::query!(
+            "UPDATE jobs SET state = 'done', lease_token = NULL, lease_expires_at = NULL,
+                    finished_at = ?, last_error = 'cancelled'
+              WHERE task_seq = ? AND lease_token = ? AND state = 'running'",
+            now,
+            task_seq,
+            lease_token
+        )
+        .execute(&self.write)
+        .await?;
+        if done.rows_affected() == 0 {
+            return Err(StoreError::LeaseLost);
+        }
+        Ok(())
+    }
+
+    /// Take back every job whose lease expired (its worker died or hung):
+    /// queue it again after `backoff_ms * attempt` (plus jitter) while
+    /// attempts remain, else fail its task with a message that says why.
+    /// One transaction.
+    pub async fn job_rescue_expired(
+        &self,
+        backoff_ms: i64,
+        now: i64,
+    ) -> Result<RescueReport, StoreError> {
+        let mut tx = self.write.begin_with(BEGIN_IMMEDIATE).await?;
+        let failed = sqlx::query!(
+            r#"UPDATE tasks
+                  SET status = 'failed',
+                      status_message = 'worker lost ' || j.attempt || ' time(s): lease expired with no attempts left',
+                      result = json_object('code', -32603,
+                                           'message', 'Task failed: worker lost ' || j.attempt || ' time(s) (lease expired)'),
+                      result_kind = 'error',
+                      updated_at = MAX(tasks.updated_at, ?)
+                 FROM jobs j
+                WHERE j.task_seq = tasks.seq AND j.state = 'running' AND j.lease_expires_at <= ?
+                  AND j.attempt >= j.max_attempts AND j.cancel_requested = 0
+                  AND tasks.status IN ('working', 'input_required')"#,
+            now,
+            now
+        )
+        .execute(&mut *tx)
+        .await?
+        .rows_affected();
+        let closed = sqlx::query!(
+            "UPDATE jobs SET state = 'done', lease_token = NULL, lease_expires_at = NULL, finished_at = ?,
+                    last_error = CASE WHEN cancel_requested = 1 THEN 'cancelled; worker lost'
+                                      ELSE 'lease expired; no attempts left' END
+              WHERE state = 'running' AND lease_expires_at <= ?
+                AND (attempt >= max_attempts OR cancel_requested = 1)",
+            now,
+            now
+        )
+        .execute(&mut *tx)
+        .await?
+        .rows_affected();
+        let requeued = sqlx::query!(
+            "UPDATE jobs SET state = 'queued', lease_token = NULL, lease_expires_at = NULL,
+                    run_after = ? + ? * attempt + abs(random() % 250),
+                    last_error = 'lease expired on attempt ' || attempt
+              WHERE state = 'running' AND lease_expires_at <= ?",
+            now,
+            backoff_ms,
+            now
+        )
+        .execute(&mut *tx)
+        .await?
+        .rows_affected();
+        tx.commit().await?;
+        Ok(RescueReport {
+            requeued,
+            failed,
+            closed: closed.saturating_sub(failed),
+        })
+    }
+}

@@ -1,0 +1,157 @@
+//! Every SQL statement of the broker, and nothing else.
+//!
+//! The store speaks in rows and plain values; the task rules live in
+//! `broker/`. Method names are entity then verb (`task_get`,
+//! `job_claim_available`), `now` is always a parameter so callers (and tests)
+//! own the clock, and every write is one autocommit statement or a
+//! `BEGIN IMMEDIATE` transaction: SQLite fails a DEFERRED transaction that
+//! reads then writes at once, without honouring the busy timeout.
+
+mod jobs;
+mod migrate;
+mod sessions;
+mod tasks;
+
+use std::path::{Path, PathBuf};
+use std::str::FromStr;
+use std::time::Duration;
+
+use sqlx::sqlite::{
+    SqliteConnectOptions, SqliteJournalMode, SqlitePool, SqlitePoolOptions, SqliteSynchronous,
+};
+
+pub use jobs::{ClaimedJob, HeartbeatOutcome, RescueReport};
+pub use sessions::{NewSession, SessionRow};
+pub use tasks::{CancelOutcome, NewJob, NewTask, TaskEvent, TaskOutcome, TaskRow};
+
+/// Statement used to open every write transaction.
+const BEGIN_IMMEDIATE: &str = "BEGIN IMMEDIATE";
+
+/// Errors of the store. Callers map them to protocol errors; the database
+/// error text is logged, never sent to clients.
+#[derive(Debug, thiserror::Error)]
+pub enum StoreError {
+    /// The lease token no longer matches: another worker (or the rescuer)
+    /// owns the job now, so this worker must write nothing more.
+    #[error("lease lost")]
+    LeaseLost,
+    /// SQLite or the connection failed.
+    #[error("database error: {0}")]
+    Db(#[from] sqlx::Error),
+    /// A schema migration failed.
+    #[error("migration failed: {0}")]
+    Migrate(String),
+}
+
+/// How hard every commit is pushed to disk.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum Durability {
+    /// `synchronous=FULL`: a commit survives power loss. The default.
+    #[default]
+    Full,
+    /// `synchronous=NORMAL`: a commit survives a process crash; the last
+    /// transactions may roll back on power loss. Faster.
+    Normal,
+}
+
+impl FromStr for Durability {
+    type Err = String;
+    fn from_str(s: &str) -> Result<Self, Self::Err> {
+        match s.to_ascii_lowercase().as_str() {
+            "full" => Ok(Self::Full),
+            "normal" => Ok(Self::Normal),
+            other => Err(format!(
+                "unknown durability '{other}' (expected full or normal)"
+            )),
+        }
+    }
+}
+
+/// Handle on one broker database: a single-connection write pool (SQLite has
+/// one writer; queueing in-process is cheaper than busy-waiting) and a
+/// read-only pool that WAL lets run beside it.
+#[derive(Clone, Debug)]
+pub struct Store {
+    /// Every write goes through this one connection.
+    write: SqlitePool,
+    /// Reads (tasks/get, tasks/list, the change feed) never wait for writes.
+    read: SqlitePool,
+    /// The database file, for logs and error messages.
+    path: PathBuf,
+}
+
+/// How long a connection waits for another process's write lock.
+const BUSY_TIMEOUT: Duration = Duration::from_secs(10);
+
+fn connect_options(path: &Path, durability: Durability) -> SqliteConnectOptions {
+    SqliteConnectOptions::new()
+        .filename(path)
+        .create_if_missing(true)
+        .journal_mode(SqliteJournalMode::Wal)
+        .synchronous(match durability {
+            Durability::Full => SqliteSynchronous::Full,
+            Durability::Normal => SqliteSynchronous::Normal,
+        })
+        .busy_timeout(BUSY_TIMEOUT)
+        .foreign_keys(true)
+}
+
+impl Store {
+    /// Open (creating if needed) and migrate the database at `path`.
+    pub async fn open(path: &Path, durability: Durability) -> Result<Self, StoreError> {
+        let options = connect_options(path, durability);
+        migrate::run(&options).await?;
+        let write = SqlitePoolOptions::new()
+            .max_connections(1)
+            .min_connections(1)
+            .acquire_timeout(Duration::from_secs(60))
+            .connect_with(options.clone())
+            .await?;
+        let read = SqlitePoolOptions::new()
+            .max_connections(4)
+            .acquire_timeout(Duration::from_secs(60))
+            .connect_with(options.read_only(true))
+            .await?;
+        Ok(Self {
+            write,
+            read,
+            path: path.to_owned(),
+        })
+    }
+
+    /// Apply pending migrations to the database at `path` and report how
+    /// many were applied.
+    pub async fn migrate(path: &Path) -> Result<usize, StoreError> {
+        migrate::run(&connect_options(path, Durability::Full)).await
+    }
+
+    /// The database file.
+    pub fn path(&self) -> &Path {
+        &self.path
+    }
+
+    /// `PRAGMA data_version` on a dedicated read connection: it changes when
+    /// any other connection (this process or another) commits.
+    pub async fn data_version(&self, conn: &mut sqlx::SqliteConnection) -> Result<i64, StoreError> {
+        // PRAGMA cannot go through the query! macros (no column description);
+        // the text is a constant.
+        let v: i64 = sqlx::query_scalar("PRAGMA data_version")
+            .fetch_one(conn)
+            .await?;
+        Ok(v)
+    }
+
+    /// A connection of its own for a long-lived reader (the change-feed
+    /// tailer), so `data_version` compares against the same connection.
+    pub async fn dedicated_reader(
+        &self,
+    ) -> Result<sqlx::pool::PoolConnection<sqlx::Sqlite>, StoreError> {
+        Ok(self.read.acquire().await?)
+    }
+
+    /// Close both pools (checkpoints happen as connections close).
+    pub async fn close(&self) {
+        self.write.close().await;
+        self.read.close().await;
+    }
+}

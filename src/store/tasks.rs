@@ -1,0 +1,344 @@
+//! SQL for `tasks` and `task_events`.
+
+use super::{BEGIN_IMMEDIATE, Store, StoreError};
+
+/// A row of `tasks`, as stored.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct TaskRow {
+    /// Row key: orders tasks/list, encoded in cursors.
+    pub seq: i64,
+    /// The id clients use.
+    pub task_id: String,
+    /// Who may see the task (session or principal).
+    pub owner: String,
+    /// Tool name.
+    pub tool: String,
+    /// Tool arguments (JSON text).
+    pub arguments: String,
+    /// One of the five MCP statuses.
+    pub status: String,
+    /// Human-readable word on the status.
+    pub status_message: Option<String>,
+    /// Creation time, ms since the epoch.
+    pub created_at: i64,
+    /// Last change, ms since the epoch.
+    pub updated_at: i64,
+    /// Actual ttl; `None` = unlimited.
+    pub ttl_ms: Option<i64>,
+    /// `created_at + ttl_ms`.
+    pub expires_at: Option<i64>,
+    /// Suggested polling interval.
+    pub poll_interval_ms: Option<i64>,
+    /// The caller's progressToken (JSON text), kept for the task's life.
+    pub progress_token: Option<String>,
+    /// JSON-RPC result or error object (JSON text) once terminal.
+    pub result: Option<String>,
+    /// `result` or `error`.
+    pub result_kind: Option<String>,
+}
+
+/// What a new task row holds.
+#[derive(Debug, Clone)]
+pub struct NewTask {
+    /// Random id (>= 122 bits).
+    pub task_id: String,
+    /// Owner (session or principal).
+    pub owner: String,
+    /// Tool name.
+    pub tool: String,
+    /// Arguments as JSON text.
+    pub arguments: String,
+    /// Actual ttl (already clamped).
+    pub ttl_ms: Option<i64>,
+    /// Suggested polling interval.
+    pub poll_interval_ms: Option<i64>,
+    /// progressToken as JSON text.
+    pub progress_token: Option<String>,
+}
+
+/// The job that runs a new task.
+#[derive(Debug, Clone, Copy)]
+pub struct NewJob {
+    /// How many times a lost worker may be replaced before the task fails.
+    pub max_attempts: i64,
+    /// Lower runs first.
+    pub priority: i64,
+}
+
+/// A terminal outcome to record on a task.
+#[derive(Debug, Clone)]
+pub struct TaskOutcome {
+    /// `completed` or `failed`.
+    pub status: &'static str,
+    /// Explanation (failures).
+    pub status_message: Option<String>,
+    /// JSON text of the result or error object.
+    pub result: String,
+    /// `result` or `error`.
+    pub result_kind: &'static str,
+}
+
+/// What `task_cancel` found.
+#[derive(Debug)]
+pub enum CancelOutcome {
+    /// The task is now cancelled.
+    Cancelled(Box<TaskRow>),
+    /// Already terminal: its status.
+    Terminal(String),
+    /// No such task for this owner.
+    NotFound,
+}
+
+/// A row of the change feed.
+#[derive(Debug, Clone)]
+pub struct TaskEvent {
+    /// Feed position.
+    pub id: i64,
+    /// The task that changed.
+    pub task_id: String,
+    /// Its new status.
+    pub to_status: String,
+}
+
+impl Store {
+    /// Insert a task (status working) and, when given, its job, in one
+    /// transaction. When `outcome` is given the task is finished in the same
+    /// transaction (a call refused before it could run, such as arguments
+    /// that fail the tool's schema): history still shows working -> failed.
+    pub async fn task_create(
+        &self,
+        new: &NewTask,
+        job: Option<NewJob>,
+        outcome: Option<&TaskOutcome>,
+        now: i64,
+    ) -> Result<TaskRow, StoreError> {
+        let mut tx = self.write.begin_with(BEGIN_IMMEDIATE).await?;
+        let expires_at = new.ttl_ms.map(|ttl| now.saturating_add(ttl));
+        let seq = sqlx::query_scalar!(
+            r#"INSERT INTO tasks (task_id, owner, tool, arguments, status, created_at, updated_at,
+                                  ttl_ms, expires_at, poll_interval_ms, progress_token)
+               VALUES (?, ?, ?, ?, 'working', ?, ?, ?, ?, ?, ?)
+               RETURNING seq"#,
+            new.task_id,
+            new.owner,
+            new.tool,
+            new.arguments,
+            now,
+            now,
+            new.ttl_ms,
+            expires_at,
+            new.poll_interval_ms,
+            new.progress_token,
+        )
+        .fetch_one(&mut *tx)
+        .await?;
+        if let Some(job) = job {
+            sqlx::query!(
+                "INSERT INTO jobs (task_seq, max_attempts, priority, run_after) VALUES (?, ?, ?, ?)",
+                seq,
+                job.max_attempts,
+                job.priority,
+                now
+            )
+            .execute(&mut *tx)
+            .await?;
+        }
+        if let Some(outcome) = outcome {
+            sqlx::query!(
+                "UPDATE tasks SET status = ?, status_message = ?, result = ?, result_kind = ?, updated_at = ?
+                  WHERE seq = ?",
+                outcome.status,
+                outcome.status_message,
+                outcome.result,
+                outcome.result_kind,
+                now,
+                seq
+            )
+            .execute(&mut *tx)
+            .await?;
+        }
+        let row = task_by_seq(&mut tx, seq).await?;
+        tx.commit().await?;
+        Ok(row)
+    }
+
+    /// One task by id, whoever owns it (the caller checks ownership).
+    pub async fn task_get(&self, task_id: &str) -> Result<Option<TaskRow>, StoreError> {
+        let row = sqlx::query_as!(
+            TaskRow,
+            r#"SELECT seq AS "seq!", task_id, owner, tool, arguments, status, status_message,
+                      created_at, updated_at, ttl_ms, expires_at, poll_interval_ms,
+                      progress_token, result, result_kind
+                 FROM tasks WHERE task_id = ?"#,
+            task_id
+        )
+        .fetch_optional(&self.read)
+        .await?;
+        Ok(row)
+    }
+
+    /// A page of `owner`'s unexpired tasks, newest first, strictly older than
+    /// `before_seq` when given. Keyset pagination: cost does not grow with
+    /// the page number.
+    pub async fn task_list_page(
+        &self,
+        owner: &str,
+        before_seq: Option<i64>,
+        limit: i64,
+        now: i64,
+    ) -> Result<Vec<TaskRow>, StoreError> {
+        let before = before_seq.unwrap_or(i64::MAX);
+        let rows = sqlx::query_as!(
+            TaskRow,
+            r#"SELECT seq AS "seq!", task_id, owner, tool, arguments, status, status_message,
+                      created_at, updated_at, ttl_ms, expires_at, poll_interval_ms,
+                      progress_token, result, result_kind
+                 FROM tasks
+                WHERE owner = ? AND seq < ? AND (expires_at IS NULL OR expires_at > ?)
+                ORDER BY seq DESC
+                LIMIT ?"#,
+            owner,
+            before,
+            now,
+            limit
+        )
+        .fetch_all(&self.read)
+        .await?;
+        Ok(rows)
+    }
+
+    /// Cancel a non-terminal task of `owner` and ask its job to stop, in one
+    /// transaction (T-21: cancelled before the response is sent).
+    pub async fn task_cancel(
+        &self,
+        task_id: &str,
+        owner: &str,
+        message: &str,
+        now: i64,
+    ) -> Result<CancelOutcome, StoreError> {
+        let mut tx = self.write.begin_with(BEGIN_IMMEDIATE).await?;
+        let current = sqlx::query!(
+            r#"SELECT seq AS "seq!", status, updated_at FROM tasks WHERE task_id = ? AND owner = ?"#,
+            task_id,
+            owner
+        )
+        .fetch_optional(&mut *tx)
+        .await?;
+        let Some(current) = current else {
+            return Ok(CancelOutcome::NotFound);
+        };
+        if !matches!(current.status.as_str(), "working" | "input_required") {
+            return Ok(CancelOutcome::Terminal(current.status));
+        }
+        let at = now.max(current.updated_at);
+        sqlx::query!(
+            "UPDATE tasks SET status = 'cancelled', status_message = ?, updated_at = ? WHERE seq = ?",
+            message,
+            at,
+            current.seq
+        )
+        .execute(&mut *tx)
+        .await?;
+        // A queued job is finished here; a running one is told to stop and
+        // its worker finishes it.
+        sqlx::query!(
+            "UPDATE jobs SET cancel_requested = 1,
+                    state = CASE WHEN state = 'queued' THEN 'done' ELSE state END,
+                    finished_at = CASE WHEN state = 'queued' THEN ? ELSE finished_at END
+              WHERE task_seq = ? AND state <> 'done'",
+            at,
+            current.seq
+        )
+        .execute(&mut *tx)
+        .await?;
+        let row = task_by_seq(&mut tx, current.seq).await?;
+        tx.commit().await?;
+        Ok(CancelOutcome::Cancelled(Box::new(row)))
+    }
+
+    /// Set the status message of a task that is still running, if the
+    /// caller still holds the job's lease.
+    pub async fn task_set_status_message(
+        &self,
+        task_seq: i64,
+        lease_token: &str,
+        message: &str,
+        now: i64,
+    ) -> Result<(), StoreError> {
+        let done = sqlx::query!(
+            "UPDATE tasks SET status_message = ?, updated_at = MAX(updated_at, ?)
+              WHERE seq = ? AND status IN ('working', 'input_required')
+                AND EXISTS (SELECT 1 FROM jobs WHERE task_seq = ? AND lease_token = ?)",
+            message,
+            now,
+            task_seq,
+            task_seq,
+            lease_token
+        )
+        .execute(&self.write)
+        .await?;
+        if done.rows_affected() == 0 {
+            return Err(StoreError::LeaseLost);
+        }
+        Ok(())
+    }
+
+    /// Delete up to `limit` tasks whose ttl has passed (their jobs and
+    /// history go with them, by trigger). Returns how many were deleted.
+    pub async fn task_purge_expired(&self, now: i64, limit: i64) -> Result<u64, StoreError> {
+        let done = sqlx::query!(
+            "DELETE FROM tasks WHERE seq IN
+               (SELECT seq FROM tasks WHERE expires_at IS NOT NULL AND expires_at <= ? LIMIT ?)",
+            now,
+            limit
+        )
+        .execute(&self.write)
+        .await?;
+        Ok(done.rows_affected())
+    }
+
+    /// Change-feed rows after `after_id`, oldest first.
+    pub async fn task_events_since(
+        &self,
+        conn: &mut sqlx::SqliteConnection,
+        after_id: i64,
+        limit: i64,
+    ) -> Result<Vec<TaskEvent>, StoreError> {
+        let rows = sqlx::query_as!(
+            TaskEvent,
+            r#"SELECT id AS "id!", task_id, to_status FROM task_events
+                WHERE id > ? ORDER BY id LIMIT ?"#,
+            after_id,
+            limit
+        )
+        .fetch_all(conn)
+        .await?;
+        Ok(rows)
+    }
+
+    /// The newest change-feed position (0 when empty).
+    pub async fn task_events_head(&self) -> Result<i64, StoreError> {
+        let head =
+            sqlx::query_scalar!(r#"SELECT COALESCE(MAX(id), 0) AS "head!: i64" FROM task_events"#)
+                .fetch_one(&self.read)
+                .await?;
+        Ok(head)
+    }
+}
+
+pub(super) async fn task_by_seq(
+    conn: &mut sqlx::SqliteConnection,
+    seq: i64,
+) -> Result<TaskRow, StoreError> {
+    let row = sqlx::query_as!(
+        TaskRow,
+        r#"SELECT seq AS "seq!", task_id, owner, tool, arguments, status, status_message,
+                  created_at, updated_at, ttl_ms, expires_at, poll_interval_ms,
+                  progress_token, result, result_kind
+             FROM tasks WHERE seq = ?"#,
+        seq
+    )
+    .fetch_one(conn)
+    .await?;
+    Ok(row)
+}

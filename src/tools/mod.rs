@@ -1,0 +1,268 @@
+//! Tools: the `Tool` trait, the registry that validates arguments, and the
+//! built-in demo tools.
+
+mod demo;
+
+use std::collections::BTreeMap;
+use std::future::Future;
+use std::pin::Pin;
+use std::sync::Arc;
+
+use serde_json::{Map, Value, json};
+use tokio::sync::mpsc;
+use tokio_util::sync::CancellationToken;
+
+use crate::mcp::RpcError;
+
+pub use demo::demo_tools;
+
+/// `execution.taskSupport` of a tool (T-4..T-6).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum TaskSupport {
+    /// Never as a task (the default when absent): a task call is -32601.
+    Forbidden,
+    /// Either way.
+    Optional,
+    /// Only as a task: a plain call is -32601.
+    Required,
+}
+
+impl TaskSupport {
+    /// The wire value.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Self::Forbidden => "forbidden",
+            Self::Optional => "optional",
+            Self::Required => "required",
+        }
+    }
+}
+
+/// Everything tools/list says about a tool, plus how the broker runs it.
+#[derive(Debug, Clone)]
+pub struct ToolDefinition {
+    /// Unique name.
+    pub name: String,
+    /// For people and models.
+    pub description: String,
+    /// JSON Schema (2020-12) of the arguments object.
+    pub input_schema: Value,
+    /// JSON Schema of structuredContent, if the tool promises one.
+    pub output_schema: Option<Value>,
+    /// Whether it may or must run as a task.
+    pub task_support: TaskSupport,
+    /// Runs allowed when workers are lost before the task fails.
+    pub max_attempts: i64,
+}
+
+impl ToolDefinition {
+    /// The `Tool` object of tools/list (H-9).
+    pub fn to_json(&self) -> Value {
+        let mut tool = Map::new();
+        tool.insert("name".into(), json!(self.name));
+        tool.insert("description".into(), json!(self.description));
+        tool.insert("inputSchema".into(), self.input_schema.clone());
+        if let Some(schema) = &self.output_schema {
+            tool.insert("outputSchema".into(), schema.clone());
+        }
+        tool.insert(
+            "execution".into(),
+            json!({ "taskSupport": self.task_support.as_str() }),
+        );
+        Value::Object(tool)
+    }
+}
+
+/// How a tool call ended.
+#[derive(Debug, Clone, PartialEq)]
+pub enum ToolOutcome {
+    /// A `CallToolResult` (may have `isError: true`).
+    Result(Value),
+    /// The call failed as a JSON-RPC error.
+    Error(RpcError),
+}
+
+impl ToolOutcome {
+    /// A successful text result.
+    pub fn text(text: impl Into<String>) -> Self {
+        Self::Result(json!({ "content": [{ "type": "text", "text": text.into() }] }))
+    }
+    /// A tool-level failure (`isError: true`) with a text explanation.
+    pub fn tool_error(text: impl Into<String>) -> Self {
+        Self::Result(json!({
+            "content": [{ "type": "text", "text": text.into() }],
+            "isError": true
+        }))
+    }
+}
+
+/// Something a running tool reports.
+#[derive(Debug, Clone, PartialEq)]
+pub enum ToolEvent {
+    /// notifications/progress material.
+    Progress {
+        /// Increases with every report.
+        progress: f64,
+        /// Known total, if any.
+        total: Option<f64>,
+        /// What is happening.
+        message: Option<String>,
+    },
+    /// A new statusMessage for the task.
+    Status(String),
+}
+
+/// What a tool sees of its call.
+#[derive(Debug, Clone)]
+pub struct ToolContext {
+    events: mpsc::UnboundedSender<ToolEvent>,
+    cancel: CancellationToken,
+    task_id: Option<String>,
+    attempt: i64,
+}
+
+impl ToolContext {
+    /// A context whose events go to `events`.
+    pub fn new(
+        events: mpsc::UnboundedSender<ToolEvent>,
+        cancel: CancellationToken,
+        task_id: Option<String>,
+        attempt: i64,
+    ) -> Self {
+        Self {
+            events,
+            cancel,
+            task_id,
+            attempt,
+        }
+    }
+    /// Report progress (ignored when nobody listens).
+    pub fn progress(&self, progress: f64, total: Option<f64>, message: Option<String>) {
+        let _ = self.events.send(ToolEvent::Progress {
+            progress,
+            total,
+            message,
+        });
+    }
+    /// Set the task's statusMessage.
+    pub fn status(&self, message: impl Into<String>) {
+        let _ = self.events.send(ToolEvent::Status(message.into()));
+    }
+    /// Fires when the call is cancelled; the tool's future is also dropped.
+    pub fn cancelled(&self) -> &CancellationToken {
+        &self.cancel
+    }
+    /// The task this call runs for (None for a plain call).
+    pub fn task_id(&self) -> Option<&str> {
+        self.task_id.as_deref()
+    }
+    /// 1 for the first run of a task; more after a lost worker.
+    pub fn attempt(&self) -> i64 {
+        self.attempt
+    }
+}
+
+/// A boxed tool future.
+pub type ToolFuture<'a> = Pin<Box<dyn Future<Output = ToolOutcome> + Send + 'a>>;
+
+/// A tool the broker can run, in-process.
+pub trait Tool: Send + Sync {
+    /// Its definition (name, schemas, task support).
+    fn definition(&self) -> &ToolDefinition;
+    /// Run it with validated arguments.
+    fn call(&self, arguments: Value, ctx: ToolContext) -> ToolFuture<'_>;
+}
+
+/// Why a registry could not be built.
+#[derive(Debug, thiserror::Error)]
+pub enum RegistryError {
+    /// Two tools with one name.
+    #[error("duplicate tool name '{0}'")]
+    Duplicate(String),
+    /// A schema that is not valid JSON Schema.
+    #[error("tool '{name}': invalid inputSchema: {reason}")]
+    BadSchema {
+        /// The tool.
+        name: String,
+        /// What is wrong.
+        reason: String,
+    },
+}
+
+struct Entry {
+    tool: Arc<dyn Tool>,
+    validator: jsonschema::Validator,
+}
+
+/// The tools this broker serves, by name, with compiled input validators.
+pub struct Registry {
+    tools: BTreeMap<String, Entry>,
+}
+
+impl std::fmt::Debug for Registry {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Registry")
+            .field("tools", &self.tools.keys().collect::<Vec<_>>())
+            .finish()
+    }
+}
+
+impl Registry {
+    /// Build a registry; refuses duplicate names and invalid schemas.
+    pub fn new(tools: Vec<Arc<dyn Tool>>) -> Result<Self, RegistryError> {
+        let mut map = BTreeMap::new();
+        for tool in tools {
+            let def = tool.definition();
+            let validator = jsonschema::validator_for(&def.input_schema).map_err(|e| {
+                RegistryError::BadSchema {
+                    name: def.name.clone(),
+                    reason: e.to_string(),
+                }
+            })?;
+            let name = def.name.clone();
+            if map.contains_key(&name) {
+                return Err(RegistryError::Duplicate(name));
+            }
+            map.insert(name, Entry { tool, validator });
+        }
+        Ok(Self { tools: map })
+    }
+
+    /// A tool by name.
+    pub fn get(&self, name: &str) -> Option<&Arc<dyn Tool>> {
+        self.tools.get(name).map(|e| &e.tool)
+    }
+
+    /// Every definition, by name.
+    pub fn definitions(&self) -> impl Iterator<Item = &ToolDefinition> {
+        self.tools.values().map(|e| e.tool.definition())
+    }
+
+    /// Check arguments against the tool's inputSchema; the error lists every
+    /// violation with its JSON pointer (H-10).
+    pub fn validate(&self, name: &str, arguments: &Value) -> Result<(), String> {
+        let Some(entry) = self.tools.get(name) else {
+            return Err(format!("unknown tool '{name}'"));
+        };
+        let errors: Vec<String> = entry
+            .validator
+            .iter_errors(arguments)
+            .map(|e| {
+                let path = e.instance_path().to_string();
+                if path.is_empty() {
+                    e.to_string()
+                } else {
+                    format!("{path}: {e}")
+                }
+            })
+            .collect();
+        if errors.is_empty() {
+            Ok(())
+        } else {
+            Err(format!(
+                "Invalid arguments for tool '{name}': {}",
+                errors.join("; ")
+            ))
+        }
+    }
+}
