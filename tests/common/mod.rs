@@ -1,0 +1,407 @@
+//! Helpers for end-to-end tests: start the real `taskbroker` binary on a free
+//! port with a temporary database, and speak MCP over HTTP to it.
+#![allow(dead_code)]
+
+use std::io::{BufRead, BufReader};
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+
+use reqwest::header::{HeaderMap, HeaderValue};
+use serde_json::{Value, json};
+
+/// A running broker process. Killed (SIGKILL) when dropped; its temporary
+/// directory (database and log) is kept when the test fails.
+pub struct Server {
+    child: Option<Child>,
+    pub url: String,
+    pub dir: PathBuf,
+    keep: Option<tempfile::TempDir>,
+    args: Vec<String>,
+}
+
+impl Server {
+    /// Start `taskbroker serve` with a fresh database and `extra` flags.
+    pub fn start(extra: &[&str]) -> Self {
+        let dir = tempfile::Builder::new()
+            .prefix("taskbroker-test-")
+            .tempdir()
+            .expect("tempdir");
+        let path = dir.path().to_path_buf();
+        Self::start_in(Some(dir), path, extra)
+    }
+
+    fn start_in(keep: Option<tempfile::TempDir>, dir: PathBuf, extra: &[&str]) -> Self {
+        let args: Vec<String> = extra.iter().map(|s| s.to_string()).collect();
+        let (child, url) = spawn(&dir, &args);
+        Self {
+            child: Some(child),
+            url,
+            dir,
+            keep,
+            args,
+        }
+    }
+
+    /// The database file.
+    pub fn db(&self) -> PathBuf {
+        self.dir.join("broker.db")
+    }
+
+    /// kill -9 the server, then start it again on the same database and
+    /// port, with the same flags.
+    pub fn kill_and_restart(&mut self) {
+        self.kill9();
+        let port = self
+            .url
+            .rsplit(':')
+            .next()
+            .unwrap()
+            .trim_end_matches("/mcp")
+            .to_owned();
+        let mut args = self.args.clone();
+        args.push("--listen".into());
+        args.push(format!("127.0.0.1:{port}"));
+        let deadline = Instant::now() + Duration::from_secs(10);
+        loop {
+            // The old socket may linger for a moment after SIGKILL.
+            match try_spawn(&self.dir, &args) {
+                Ok((child, url)) => {
+                    self.child = Some(child);
+                    self.url = url;
+                    return;
+                }
+                Err(e) if Instant::now() < deadline => {
+                    eprintln!("restart retry: {e}");
+                    std::thread::sleep(Duration::from_millis(200));
+                }
+                Err(e) => panic!("restart failed: {e}"),
+            }
+        }
+    }
+
+    /// SIGKILL, no goodbye.
+    pub fn kill9(&mut self) {
+        if let Some(mut child) = self.child.take() {
+            let _ = child.kill();
+            let _ = child.wait();
+        }
+    }
+
+    /// The server's log so far.
+    pub fn log(&self) -> String {
+        std::fs::read_to_string(self.dir.join("server.log")).unwrap_or_default()
+    }
+
+    /// A client with an initialized session.
+    pub async fn client(&self) -> Client {
+        let mut c = Client::new(&self.url);
+        c.initialize().await;
+        c
+    }
+}
+
+impl Drop for Server {
+    fn drop(&mut self) {
+        self.kill9();
+        if std::thread::panicking() {
+            if let Some(dir) = self.keep.take() {
+                let kept = dir.keep();
+                eprintln!("test failed: broker files kept in {}", kept.display());
+            }
+        }
+    }
+}
+
+fn spawn(dir: &Path, args: &[String]) -> (Child, String) {
+    let mut args = args.to_vec();
+    if !args.iter().any(|a| a == "--listen") {
+        args.push("--listen".into());
+        args.push("127.0.0.1:0".into());
+    }
+    try_spawn(dir, &args).expect("broker did not start")
+}
+
+fn try_spawn(dir: &Path, args: &[String]) -> Result<(Child, String), String> {
+    let log = std::fs::OpenOptions::new()
+        .create(true)
+        .append(true)
+        .open(dir.join("server.log"))
+        .map_err(|e| e.to_string())?;
+    let mut child = Command::new(env!("CARGO_BIN_EXE_taskbroker"))
+        .arg("serve")
+        .arg("--db")
+        .arg(dir.join("broker.db"))
+        .args(args)
+        .env("RUST_LOG", "info,sqlx=warn")
+        .stdout(Stdio::piped())
+        .stderr(Stdio::from(log))
+        .spawn()
+        .map_err(|e| e.to_string())?;
+    let stdout = child.stdout.take().ok_or("no stdout")?;
+    let (tx, rx) = std::sync::mpsc::channel();
+    std::thread::spawn(move || {
+        let mut line = String::new();
+        let mut reader = BufReader::new(stdout);
+        let _ = reader.read_line(&mut line);
+        let _ = tx.send(line);
+        // Keep draining so the child never blocks on a full pipe.
+        let mut sink = String::new();
+        while reader.read_line(&mut sink).map(|n| n > 0).unwrap_or(false) {
+            sink.clear();
+        }
+    });
+    match rx.recv_timeout(Duration::from_secs(30)) {
+        Ok(line) if line.starts_with("taskbroker listening on ") => {
+            let url = line
+                .trim()
+                .trim_start_matches("taskbroker listening on ")
+                .to_owned();
+            Ok((child, url))
+        }
+        other => {
+            let _ = child.kill();
+            let _ = child.wait();
+            Err(format!("unexpected first line: {other:?}"))
+        }
+    }
+}
+
+/// A raw HTTP answer.
+#[derive(Debug)]
+pub struct Raw {
+    pub status: u16,
+    pub headers: HeaderMap,
+    pub body: String,
+}
+
+impl Raw {
+    /// The body as JSON (panics with the body when it is not).
+    #[track_caller]
+    pub fn json(&self) -> Value {
+        serde_json::from_str(&self.body).unwrap_or_else(|e| panic!("not JSON ({e}): {}", self.body))
+    }
+}
+
+/// An MCP client over reqwest.
+pub struct Client {
+    pub http: reqwest::Client,
+    pub url: String,
+    pub session: Option<String>,
+    pub protocol_version: String,
+    next_id: i64,
+}
+
+impl Client {
+    pub fn new(url: &str) -> Self {
+        Self {
+            http: reqwest::Client::builder()
+                .timeout(Duration::from_secs(120))
+                .build()
+                .unwrap(),
+            url: url.to_owned(),
+            session: None,
+            protocol_version: "2025-11-25".into(),
+            next_id: 1,
+        }
+    }
+
+    pub fn headers(&self) -> HeaderMap {
+        let mut h = HeaderMap::new();
+        h.insert("content-type", HeaderValue::from_static("application/json"));
+        h.insert(
+            "accept",
+            HeaderValue::from_static("application/json, text/event-stream"),
+        );
+        if let Some(s) = &self.session {
+            h.insert("mcp-session-id", HeaderValue::from_str(s).unwrap());
+            h.insert(
+                "mcp-protocol-version",
+                HeaderValue::from_str(&self.protocol_version).unwrap(),
+            );
+        }
+        h
+    }
+
+    /// POST a raw body with the given headers.
+    pub async fn post_raw(&self, headers: HeaderMap, body: impl Into<reqwest::Body>) -> Raw {
+        let r = self
+            .http
+            .post(&self.url)
+            .headers(headers)
+            .body(body)
+            .send()
+            .await
+            .expect("POST failed");
+        let status = r.status().as_u16();
+        let headers = r.headers().clone();
+        let body = r.text().await.unwrap_or_default();
+        Raw {
+            status,
+            headers,
+            body,
+        }
+    }
+
+    /// initialize + notifications/initialized; returns the initialize result.
+    pub async fn initialize(&mut self) -> Value {
+        let body = json!({
+            "jsonrpc": "2.0", "id": 0, "method": "initialize",
+            "params": {
+                "protocolVersion": "2025-11-25",
+                "capabilities": {},
+                "clientInfo": { "name": "taskbroker-tests", "version": "0" }
+            }
+        });
+        let raw = self.post_raw(self.headers(), body.to_string()).await;
+        assert_eq!(raw.status, 200, "initialize: {}", raw.body);
+        let session = raw
+            .headers
+            .get("mcp-session-id")
+            .expect("initialize sets Mcp-Session-Id")
+            .to_str()
+            .unwrap()
+            .to_owned();
+        self.session = Some(session);
+        let note = json!({ "jsonrpc": "2.0", "method": "notifications/initialized" });
+        let ack = self.post_raw(self.headers(), note.to_string()).await;
+        assert_eq!(ack.status, 202, "initialized notification: {}", ack.body);
+        raw.json()["result"].clone()
+    }
+
+    /// Send a request; return every JSON-RPC message of the answer (one for a
+    /// JSON answer, notifications then the response for SSE).
+    pub async fn request_messages(&mut self, method: &str, params: Value) -> Vec<Value> {
+        let id = self.next_id;
+        self.next_id += 1;
+        let body = json!({ "jsonrpc": "2.0", "id": id, "method": method, "params": params });
+        let raw = self.post_raw(self.headers(), body.to_string()).await;
+        assert_eq!(
+            raw.status, 200,
+            "{method}: HTTP {} {}",
+            raw.status, raw.body
+        );
+        let ct = raw
+            .headers
+            .get("content-type")
+            .and_then(|v| v.to_str().ok())
+            .unwrap_or("")
+            .to_owned();
+        let messages = if ct.starts_with("text/event-stream") {
+            parse_sse(&raw.body)
+                .into_iter()
+                .filter(|e| !e.data.is_empty())
+                .map(|e| serde_json::from_str(&e.data).expect("SSE data is JSON"))
+                .collect()
+        } else {
+            vec![raw.json()]
+        };
+        let last = messages.last().expect("an answer");
+        assert_eq!(last["id"], json!(id), "response id matches request id");
+        messages
+    }
+
+    /// Send a request; return the whole response message (result or error).
+    pub async fn request(&mut self, method: &str, params: Value) -> Value {
+        self.request_messages(method, params).await.pop().unwrap()
+    }
+
+    /// Send a request that must succeed; return its result.
+    #[track_caller]
+    pub async fn ok(&mut self, method: &str, params: Value) -> Value {
+        let msg = self.request(method, params).await;
+        assert!(msg.get("error").is_none(), "{method} failed: {msg}");
+        msg["result"].clone()
+    }
+
+    /// Send a request that must fail; return its error object.
+    #[track_caller]
+    pub async fn err(&mut self, method: &str, params: Value) -> Value {
+        let msg = self.request(method, params).await;
+        assert!(msg.get("result").is_none(), "{method} should fail: {msg}");
+        msg["error"].clone()
+    }
+
+    /// tools/call as a task; returns the Task.
+    pub async fn call_task(&mut self, tool: &str, arguments: Value) -> Value {
+        let r = self
+            .ok(
+                "tools/call",
+                json!({ "name": tool, "arguments": arguments, "task": {} }),
+            )
+            .await;
+        r["task"].clone()
+    }
+
+    /// Poll tasks/get until the task is terminal (or `timeout`).
+    pub async fn wait_terminal(&mut self, task_id: &str, timeout: Duration) -> Value {
+        let deadline = Instant::now() + timeout;
+        loop {
+            let task = self.ok("tasks/get", json!({ "taskId": task_id })).await;
+            let status = task["status"].as_str().unwrap_or_default().to_owned();
+            if matches!(status.as_str(), "completed" | "failed" | "cancelled") {
+                return task;
+            }
+            assert!(
+                Instant::now() < deadline,
+                "task {task_id} still {status} after {timeout:?}"
+            );
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+    }
+}
+
+/// One SSE event.
+#[derive(Debug, Clone, Default)]
+pub struct SseEvent {
+    pub id: Option<String>,
+    pub event: Option<String>,
+    pub data: String,
+    pub has_data_field: bool,
+}
+
+/// Parse an SSE body into events (comments skipped).
+pub fn parse_sse(body: &str) -> Vec<SseEvent> {
+    let mut events = Vec::new();
+    let mut current = SseEvent::default();
+    let mut touched = false;
+    for line in body.split('\n') {
+        let line = line.strip_suffix('\r').unwrap_or(line);
+        if line.is_empty() {
+            if touched {
+                events.push(std::mem::take(&mut current));
+                touched = false;
+            }
+            continue;
+        }
+        if line.starts_with(':') {
+            continue;
+        }
+        let (field, value) = line.split_once(':').unwrap_or((line, ""));
+        let value = value.strip_prefix(' ').unwrap_or(value);
+        touched = true;
+        match field {
+            "id" => current.id = Some(value.to_owned()),
+            "event" => current.event = Some(value.to_owned()),
+            "data" => {
+                if current.has_data_field {
+                    current.data.push('\n');
+                }
+                current.data.push_str(value);
+                current.has_data_field = true;
+            }
+            _ => {}
+        }
+    }
+    if touched {
+        events.push(current);
+    }
+    events
+}
+
+/// Seconds since the epoch of an RFC 3339 timestamp, for ordering checks.
+pub fn parse_time_ms(s: &str) -> i128 {
+    let t = time::OffsetDateTime::parse(s, &time::format_description::well_known::Rfc3339)
+        .unwrap_or_else(|e| panic!("bad timestamp {s}: {e}"));
+    t.unix_timestamp_nanos() / 1_000_000
+}
