@@ -206,6 +206,15 @@ impl Client {
         }
     }
 
+    /// Point at a restarted server: new connections, same session.
+    pub fn reconnect(&mut self, url: &str) {
+        let session = self.session.take();
+        let next_id = self.next_id;
+        *self = Self::new(url);
+        self.session = session;
+        self.next_id = next_id;
+    }
+
     pub fn headers(&self) -> HeaderMap {
         let mut h = HeaderMap::new();
         h.insert("content-type", HeaderValue::from_static("application/json"));
