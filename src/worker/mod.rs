@@ -148,6 +148,9 @@ impl WorkerPool {
         tokio::pin!(tool_run);
         let mut heartbeat = tokio::time::interval(self.config.lease / 3);
         heartbeat.tick().await;
+        // The change feed says at once (any process, ~20 ms) when the task is
+        // cancelled; the heartbeat is the fallback.
+        let mut feed = self.feed.subscribe();
         let lease_ms = millis(self.config.lease);
         let outcome = loop {
             tokio::select! {
@@ -158,6 +161,12 @@ impl WorkerPool {
                     return;
                 }
                 Some(event) = events.recv() => self.on_tool_event(&job, event).await,
+                Ok(change) = feed.recv() => {
+                    if change.task_id == job.task_id && change.to_status == "cancelled" {
+                        cancel.cancel();
+                        break None;
+                    }
+                }
                 _ = heartbeat.tick() => {
                     match self.store.job_heartbeat(job.task_seq, &job.lease_token, lease_ms, now_ms()).await {
                         Ok(hb) if hb.cancel_requested => { cancel.cancel(); break None; }
