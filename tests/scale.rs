@@ -8,6 +8,7 @@ use std::time::Duration;
 use common::Server;
 use serde_json::{Value, json};
 
+/// Covers T-17, T-18.
 #[tokio::test]
 async fn t17_t18_pagination_over_1000_tasks_is_exact_and_stable_under_inserts() {
     // No workers: the tasks stay put while we page.

@@ -23,6 +23,7 @@ fn assert_task_shape(task: &Value) {
     assert!(task.get("_meta").is_none(), "{task}");
 }
 
+/// Covers T-7, T-9, T-8.
 #[tokio::test]
 async fn t7_t9_t8_task_call_answers_at_once_working_with_random_id() {
     let server = Server::start(&[]);
@@ -50,6 +51,7 @@ async fn t7_t9_t8_task_call_answers_at_once_working_with_random_id() {
     assert_ne!(other["taskId"], task["taskId"]);
 }
 
+/// Covers T-4, T-5, T-6.
 #[tokio::test]
 async fn t4_t5_t6_task_support_rules() {
     let server = Server::start(&[]);
@@ -102,6 +104,7 @@ async fn t4_t5_t6_task_support_rules() {
     );
 }
 
+/// Covers T-2.
 #[tokio::test]
 async fn t2_task_field_on_other_requests_is_ignored() {
     let server = Server::start(&[]);
@@ -111,6 +114,7 @@ async fn t2_task_field_on_other_requests_is_ignored() {
     assert!(r["tasks"].is_array());
 }
 
+/// Covers T-14, T-15, T-16, T-28 (tasks/result carries related-task _meta), T-30.
 #[tokio::test]
 async fn t14_t15_t16_result_blocks_then_returns_the_exact_result_with_related_meta() {
     let server = Server::start(&[]);
@@ -139,6 +143,7 @@ async fn t14_t15_t16_result_blocks_then_returns_the_exact_result_with_related_me
     assert_eq!(task["status"], "completed");
 }
 
+/// Covers T-14.
 #[tokio::test]
 async fn t14_result_blocks_for_json_only_clients_too() {
     let server = Server::start(&[]);
@@ -159,6 +164,7 @@ async fn t14_result_blocks_for_json_only_clients_too() {
     assert_eq!(raw.json()["result"]["content"][0]["text"], "slept 1 s");
 }
 
+/// Covers T-12.
 #[tokio::test]
 async fn t12_is_error_makes_the_task_failed_with_a_status_message() {
     let server = Server::start(&[]);
@@ -182,6 +188,7 @@ async fn t12_is_error_makes_the_task_failed_with_a_status_message() {
     assert_eq!(r["_meta"][RELATED]["taskId"], id);
 }
 
+/// Covers H-10.
 #[tokio::test]
 async fn h10_invalid_arguments_on_a_task_call_end_the_task_failed_without_running() {
     let server = Server::start(&[]);
@@ -200,6 +207,7 @@ async fn h10_invalid_arguments_on_a_task_call_end_the_task_failed_without_runnin
     );
 }
 
+/// Covers T-11, T-13.
 #[tokio::test]
 async fn t11_t13_status_only_moves_forward_and_last_updated_moves() {
     let server = Server::start(&[]);
@@ -225,6 +233,7 @@ async fn t11_t13_status_only_moves_forward_and_last_updated_moves() {
     );
 }
 
+/// Covers T-20, T-21, T-22.
 #[tokio::test]
 async fn t20_t21_t22_cancel_is_immediate_final_and_stops_the_work() {
     let server = Server::start(&["--lease", "1.5"]);
@@ -256,6 +265,7 @@ async fn t20_t21_t22_cancel_is_immediate_final_and_stops_the_work() {
     assert!(!log.contains(&format!("task_id={id} status=\"completed\"")));
 }
 
+/// Covers T-14.
 #[tokio::test]
 async fn t14_a_waiting_result_returns_the_cancellation() {
     let server = Server::start(&[]);
@@ -279,6 +289,7 @@ async fn t14_a_waiting_result_returns_the_cancellation() {
     assert_eq!(msg["error"]["code"], -32800);
 }
 
+/// Covers T-35, T-36.
 #[tokio::test]
 async fn t35_t36_unknown_and_foreign_task_ids_are_not_found() {
     let server = Server::start(&[]);
@@ -317,6 +328,7 @@ async fn t35_t36_unknown_and_foreign_task_ids_are_not_found() {
     );
 }
 
+/// Covers T-29.
 #[tokio::test]
 async fn t29_task_id_param_wins_over_related_task_meta() {
     let server = Server::start(&[]);
@@ -332,6 +344,7 @@ async fn t29_task_id_param_wins_over_related_task_meta() {
     assert_eq!(got["taskId"], t1["taskId"]);
 }
 
+/// Covers T-17, T-19.
 #[tokio::test]
 async fn t17_t19_list_cursor_is_opaque_and_invalid_cursors_are_32602() {
     let server = Server::start(&["--page-size", "2", "--workers", "0"]);
@@ -363,6 +376,7 @@ async fn t17_t19_list_cursor_is_opaque_and_invalid_cursors_are_32602() {
     }
 }
 
+/// Covers T-10, T-34.
 #[tokio::test]
 async fn t10_t34_ttl_is_clamped_to_the_maximum_and_defaulted() {
     let server = Server::start(&["--max-ttl", "60", "--default-ttl", "30"]);
@@ -398,6 +412,7 @@ async fn t10_t34_ttl_is_clamped_to_the_maximum_and_defaulted() {
     );
 }
 
+/// Covers T-33.
 #[tokio::test]
 async fn t33_expired_tasks_answer_expired_then_are_purged() {
     let server = Server::start(&[]);
@@ -438,8 +453,10 @@ async fn t33_expired_tasks_answer_expired_then_are_purged() {
     assert!(log.contains("expired tasks purged"), "{log}");
 }
 
+/// A task's progress shows in its statusMessage while it runs (progress
+/// notifications for tasks, T-32, come with the command-tool work).
 #[tokio::test]
-async fn t28_progress_token_is_kept_and_the_task_reports_progress_in_status_message() {
+async fn task_progress_shows_in_status_message() {
     let server = Server::start(&[]);
     let mut c = server.client().await;
     let r = c

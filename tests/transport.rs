@@ -11,6 +11,7 @@ fn request(id: i64, method: &str, params: Value) -> String {
     json!({ "jsonrpc": "2.0", "id": id, "method": method, "params": params }).to_string()
 }
 
+/// Covers H-7, T-1, T-3 (list and cancel declared, and served).
 #[tokio::test]
 async fn h7_t1_initialize_negotiates_version_and_declares_tasks() {
     let server = Server::start(&[]);
@@ -39,8 +40,15 @@ async fn h7_t1_initialize_negotiates_version_and_declares_tasks() {
 
     // H-7: ping answers {}.
     assert_eq!(c.ok("ping", json!({})).await, json!({}));
+    // T-3: the declared tasks/list and tasks/cancel exist.
+    assert!(c.ok("tasks/list", json!({})).await["tasks"].is_array());
+    assert_eq!(
+        c.err("tasks/cancel", json!({"taskId": "x"})).await["code"],
+        -32602
+    );
 }
 
+/// Covers H-5.
 #[tokio::test]
 async fn h5_session_id_is_random_visible_ascii_and_required() {
     let server = Server::start(&[]);
@@ -72,6 +80,7 @@ async fn h5_session_id_is_random_visible_ascii_and_required() {
     assert_eq!(raw.status, 404, "{}", raw.body);
 }
 
+/// Covers H-1, H-5.
 #[tokio::test]
 async fn h1_h5_delete_ends_the_session_then_404() {
     let server = Server::start(&[]);
@@ -108,6 +117,7 @@ async fn h1_h5_delete_ends_the_session_then_404() {
     c.initialize().await;
 }
 
+/// Covers H-6.
 #[tokio::test]
 async fn h6_unsupported_protocol_version_header_is_400() {
     let server = Server::start(&[]);
@@ -127,6 +137,7 @@ async fn h6_unsupported_protocol_version_header_is_400() {
     assert_eq!(raw.status, 200);
 }
 
+/// Covers H-2.
 #[tokio::test]
 async fn h2_foreign_origin_is_403_and_local_origins_pass() {
     let server = Server::start(&[]);
@@ -149,6 +160,7 @@ async fn h2_foreign_origin_is_403_and_local_origins_pass() {
     assert_eq!(raw.status, 403);
 }
 
+/// Covers H-2.
 #[tokio::test]
 async fn h2_allowed_origin_flag_admits_that_origin() {
     let server = Server::start(&["--allowed-origin", "https://app.example.com"]);
@@ -164,6 +176,7 @@ async fn h2_allowed_origin_flag_admits_that_origin() {
     );
 }
 
+/// Covers H-3, H-8.
 #[tokio::test]
 async fn h3_h8_bad_input_gets_precise_errors() {
     let server = Server::start(&["--max-body", "4096"]);
@@ -249,6 +262,7 @@ async fn h3_h8_bad_input_gets_precise_errors() {
     assert_eq!(c.ok("ping", json!({})).await, json!({}));
 }
 
+/// Covers H-3.
 #[tokio::test]
 async fn h3_notifications_and_responses_get_202_without_body() {
     let server = Server::start(&[]);
@@ -268,6 +282,7 @@ async fn h3_notifications_and_responses_get_202_without_body() {
     assert!(raw.body.is_empty());
 }
 
+/// Covers H-4.
 #[tokio::test]
 async fn h4_get_opens_an_sse_stream_with_a_priming_event() {
     let server = Server::start(&[]);
@@ -292,6 +307,7 @@ async fn h4_get_opens_an_sse_stream_with_a_priming_event() {
     assert_eq!(r.status().as_u16(), 406);
 }
 
+/// Covers H-9.
 #[tokio::test]
 async fn h9_tools_list_has_demo_tools_with_schemas_and_task_support() {
     let server = Server::start(&[]);
@@ -319,6 +335,7 @@ async fn h9_tools_list_has_demo_tools_with_schemas_and_task_support() {
     );
 }
 
+/// Covers H-10.
 #[tokio::test]
 async fn h10_tools_call_results_unknown_tool_and_invalid_arguments() {
     let server = Server::start(&[]);
@@ -367,6 +384,7 @@ async fn h10_tools_call_results_unknown_tool_and_invalid_arguments() {
     assert_eq!(r["content"][0]["text"], "boom");
 }
 
+/// Covers H-11.
 #[tokio::test]
 async fn h11_plain_call_streams_progress_with_the_callers_token() {
     let server = Server::start(&[]);
