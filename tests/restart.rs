@@ -3,6 +3,8 @@
 //! with the server is run again, or failed with a reason once its attempts
 //! are spent. Never stuck in `working`.
 
+#![allow(clippy::unwrap_used)] // tests: a failed unwrap is a failed test
+
 mod common;
 
 use std::time::{Duration, Instant};

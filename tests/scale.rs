@@ -1,5 +1,7 @@
 //! Pagination over many tasks (T-17, T-18) and concurrent clients.
 
+#![allow(clippy::unwrap_used)] // tests: a failed unwrap is a failed test
+
 mod common;
 
 use std::collections::HashSet;

@@ -1,6 +1,8 @@
 //! Task-augmented tools/call and the tasks/* methods (T-2..T-22,
 //! T-28..T-30, T-33..T-35) against the real binary over HTTP.
 
+#![allow(clippy::unwrap_used)] // tests: a failed unwrap is a failed test
+
 mod common;
 
 use std::time::{Duration, Instant};

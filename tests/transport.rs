@@ -1,6 +1,8 @@
 //! Streamable HTTP and the MCP lifecycle (H-1..H-10), against the real
 //! binary over real HTTP, including every bad input the issue lists.
 
+#![allow(clippy::unwrap_used)] // tests: a failed unwrap is a failed test
+
 mod common;
 
 use common::{Client, Server, parse_sse};

@@ -1,6 +1,6 @@
 //! Helpers for end-to-end tests: start the real `taskbroker` binary on a free
 //! port with a temporary database, and speak MCP over HTTP to it.
-#![allow(dead_code)]
+#![allow(dead_code, clippy::unwrap_used)]
 
 use std::io::{BufRead, BufReader};
 use std::path::{Path, PathBuf};
@@ -104,11 +104,11 @@ impl Server {
 impl Drop for Server {
     fn drop(&mut self) {
         self.kill9();
-        if std::thread::panicking() {
-            if let Some(dir) = self.keep.take() {
-                let kept = dir.keep();
-                eprintln!("test failed: broker files kept in {}", kept.display());
-            }
+        if std::thread::panicking()
+            && let Some(dir) = self.keep.take()
+        {
+            let kept = dir.keep();
+            eprintln!("test failed: broker files kept in {}", kept.display());
         }
     }
 }
@@ -316,7 +316,6 @@ impl Client {
     }
 
     /// Send a request that must succeed; return its result.
-    #[track_caller]
     pub async fn ok(&mut self, method: &str, params: Value) -> Value {
         let msg = self.request(method, params).await;
         assert!(msg.get("error").is_none(), "{method} failed: {msg}");
@@ -324,7 +323,6 @@ impl Client {
     }
 
     /// Send a request that must fail; return its error object.
-    #[track_caller]
     pub async fn err(&mut self, method: &str, params: Value) -> Value {
         let msg = self.request(method, params).await;
         assert!(msg.get("result").is_none(), "{method} should fail: {msg}");
