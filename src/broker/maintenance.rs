@@ -50,7 +50,7 @@ pub async fn run(broker: Broker, config: MaintenanceConfig, shutdown: Cancellati
                                    closed = report.closed, "lease recovery: expired leases taken back");
                     broker.feed().kick();
                     if report.requeued > 0 {
-                        broker.job_queued().notify_waiters();
+                        broker.job_queued().notify_one();
                     }
                 }
                 Ok(_) => {}

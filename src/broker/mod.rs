@@ -300,7 +300,7 @@ impl Broker {
             .await?;
         self.feed.kick();
         if job.is_some() {
-            self.job_queued.notify_waiters();
+            self.job_queued.notify_one();
         }
         tracing::info!(task_id = %row.task_id, tool = name, ttl_ms = ?ttl_ms, "task created");
         Ok(task_from_row(&row))

@@ -223,7 +223,7 @@ impl Store {
         .await?
         .rows_affected();
         let requeued = sqlx::query!(
-            "UPDATE jobs SET state = 'queued', lease_token = NULL, lease_expires_at = NULL,
+            "UPDATE jobs SET state = 'queued', lease_owner = NULL, lease_token = NULL, lease_expires_at = NULL,
                     run_after = ? + ? * attempt + abs(random() % 250),
                     last_error = 'lease expired on attempt ' || attempt
               WHERE state = 'running' AND lease_expires_at <= ?",
