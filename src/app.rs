@@ -10,9 +10,9 @@ use anyhow::Context;
 use tokio_util::sync::CancellationToken;
 
 use crate::broker::{Broker, BrokerConfig, Feed, maintenance};
-use crate::server::{AppState, ServerConfig, Sessions};
+use crate::server::{AppState, ClientRequests, ServerConfig, Sessions, Streams};
 use crate::store::{Durability, Store};
-use crate::tools::{Registry, demo_tools};
+use crate::tools::{Registry, conformance_tools, demo_tools};
 use crate::worker::{WorkerConfig, WorkerPool};
 
 /// Everything `taskbroker serve` is told.
@@ -34,6 +34,8 @@ pub struct ServeConfig {
     pub server: ServerConfig,
     /// How long shutdown waits for open requests and streams.
     pub shutdown_grace: Duration,
+    /// Also serve the conformance suite's fixture tools.
+    pub conformance_tools: bool,
 }
 
 /// How often the change-feed tailer checks for commits by other processes.
@@ -44,7 +46,11 @@ pub async fn serve(config: ServeConfig) -> anyhow::Result<()> {
     let store = Store::open(&config.db, config.durability)
         .await
         .with_context(|| format!("opening database {}", config.db.display()))?;
-    let tools = Arc::new(Registry::new(demo_tools())?);
+    let mut tools = demo_tools();
+    if config.conformance_tools {
+        tools.extend(conformance_tools());
+    }
+    let tools = Arc::new(Registry::new(tools)?);
     let feed = Feed::new();
     let shutdown = CancellationToken::new();
     let tailer = feed
@@ -84,6 +90,11 @@ pub async fn serve(config: ServeConfig) -> anyhow::Result<()> {
     let state = AppState {
         broker,
         sessions: Arc::new(Sessions::new(store.clone())),
+        streams: Arc::new(Streams::new(
+            config.server.retry_ms,
+            config.server.keep_alive,
+        )),
+        client_requests: Arc::new(ClientRequests::default()),
         config: Arc::new(config.server.clone()),
         local_addr,
     };

@@ -72,6 +72,9 @@ struct ServeArgs {
     /// Commit durability: full (fsync per commit, default) or normal.
     #[arg(long, env = "TASKBROKER_DURABILITY", default_value = "full")]
     durability: Durability,
+    /// Also serve the MCP conformance suite's fixture tools (test_*).
+    #[arg(long)]
+    conformance_tools: bool,
 }
 
 fn positive_secs(s: &str) -> Result<f64, String> {
@@ -112,6 +115,7 @@ impl ServeArgs {
                 ..ServerConfig::default()
             },
             shutdown_grace: Duration::from_secs(5),
+            conformance_tools: self.conformance_tools,
         }
     }
 }

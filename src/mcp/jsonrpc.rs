@@ -17,6 +17,8 @@ pub enum ErrorCode {
     InternalError,
     /// -32800: the task was cancelled, answered by `tasks/result`.
     RequestCancelled,
+    /// Any other code (e.g. from a client's error response).
+    Other(i64),
 }
 
 impl ErrorCode {
@@ -29,6 +31,7 @@ impl ErrorCode {
             Self::InvalidParams => -32602,
             Self::InternalError => -32603,
             Self::RequestCancelled => -32800,
+            Self::Other(code) => code,
         }
     }
 }
@@ -63,6 +66,28 @@ impl RpcError {
             ErrorCode::MethodNotFound,
             format!("Method not found: {method}"),
         )
+    }
+    /// The error a JSON-RPC error object describes (e.g. a client's answer).
+    pub fn from_json(error: &Value) -> Self {
+        let code = error.get("code").and_then(Value::as_i64).unwrap_or(-32603);
+        let code = match code {
+            -32700 => ErrorCode::ParseError,
+            -32600 => ErrorCode::InvalidRequest,
+            -32601 => ErrorCode::MethodNotFound,
+            -32602 => ErrorCode::InvalidParams,
+            -32603 => ErrorCode::InternalError,
+            -32800 => ErrorCode::RequestCancelled,
+            other => ErrorCode::Other(other),
+        };
+        Self {
+            code,
+            message: error
+                .get("message")
+                .and_then(Value::as_str)
+                .unwrap_or("error without a message")
+                .to_owned(),
+            data: error.get("data").cloned(),
+        }
     }
     /// -32603; the detail is logged by the caller, not sent.
     pub fn internal() -> Self {

@@ -7,28 +7,38 @@ use std::sync::Arc;
 use futures_util::future::BoxFuture;
 use serde_json::{Map, Value, json};
 use tokio::sync::mpsc;
-use tokio_util::sync::CancellationToken;
 
-use super::AppState;
 use super::sessions::Session;
+use super::{AppState, calls};
 use crate::broker::{Task, TaskResult};
 use crate::mcp::{
-    self, CallToolParams, ErrorCode, PaginatedParams, ProgressToken, RpcError, TaskIdParams,
-    parse_params,
+    self, CallToolParams, ErrorCode, PaginatedParams, RpcError, TaskIdParams, parse_params,
 };
-use crate::tools::{ToolContext, ToolEvent, ToolOutcome};
+use crate::tools::{LogLevel, ToolOutcome};
+
+/// Something to put on a request's SSE stream before its response.
+#[derive(Debug)]
+pub enum StreamItem {
+    /// A notification or a request to the client.
+    Message(Value),
+    /// End the client's current connection; it resumes with Last-Event-ID.
+    Close,
+}
 
 /// The outcome of one request.
 pub enum Reply {
     /// Known now: the `result` object, or an error object.
     Done(Result<Value, Value>),
-    /// Known later. `notifications` are JSON-RPC notifications to send first
-    /// (on SSE only); `outcome` resolves to the result or error object.
+    /// Known later. `items` go on the SSE stream first (dropped for a JSON
+    /// response); `outcome` resolves to the result or error object.
     Later {
-        /// Notifications while waiting.
-        notifications: Option<mpsc::UnboundedReceiver<Value>>,
+        /// Messages while waiting.
+        items: Option<mpsc::UnboundedReceiver<StreamItem>>,
         /// The eventual result (Ok) or error object (Err).
         outcome: BoxFuture<'static, Result<Value, Value>>,
+        /// Whether the work goes on when the connection drops (resumable
+        /// with Last-Event-ID), or stops with it.
+        resumable: bool,
     },
 }
 
@@ -52,22 +62,46 @@ pub fn task_json(task: &Task) -> Value {
     .unwrap_or(Value::Null)
 }
 
-/// Route a request (other than initialize) to its handler.
+/// Route a request (other than initialize) to its handler. `sse`: the
+/// client accepts an SSE answer.
 pub async fn dispatch(
     state: &AppState,
     session: &Arc<Session>,
+    sse: bool,
     method: &str,
     params: Option<&Value>,
 ) -> Reply {
     match method {
         "ping" => Reply::Done(Ok(json!({}))),
+        "logging/setLevel" => logging_set_level(session, params),
         "tools/list" => tools_list(state, params),
-        "tools/call" => tools_call(state, session, params).await,
+        "tools/call" => tools_call(state, session, sse, params).await,
         "tasks/get" => tasks_get(state, session, params).await,
         "tasks/result" => tasks_result(state, session, params).await,
         "tasks/list" => tasks_list(state, session, params).await,
         "tasks/cancel" => tasks_cancel(state, session, params).await,
         other => Reply::err(RpcError::method_not_found(other)),
+    }
+}
+
+fn logging_set_level(session: &Session, params: Option<&Value>) -> Reply {
+    #[derive(serde::Deserialize)]
+    struct SetLevel {
+        level: String,
+    }
+    let p: SetLevel = match parse_params("logging/setLevel", params) {
+        Ok(p) => p,
+        Err(e) => return Reply::err(e),
+    };
+    match LogLevel::parse(&p.level) {
+        Some(level) => {
+            session.set_log_level(level);
+            Reply::Done(Ok(json!({})))
+        }
+        None => Reply::err(RpcError::invalid_params(format!(
+            "Invalid params for logging/setLevel: unknown level '{}' (expected one of debug, info, notice, warning, error, critical, alert, emergency)",
+            p.level
+        ))),
     }
 }
 
@@ -90,7 +124,12 @@ fn tools_list(state: &AppState, params: Option<&Value>) -> Reply {
     Reply::Done(Ok(json!({ "tools": tools })))
 }
 
-async fn tools_call(state: &AppState, session: &Arc<Session>, params: Option<&Value>) -> Reply {
+async fn tools_call(
+    state: &AppState,
+    session: &Arc<Session>,
+    sse: bool,
+    params: Option<&Value>,
+) -> Reply {
     let params: CallToolParams = match parse_params("tools/call", params) {
         Ok(p) => p,
         Err(e) => return Reply::err(e),
@@ -117,76 +156,22 @@ async fn tools_call(state: &AppState, session: &Arc<Session>, params: Option<&Va
     };
     let arguments = Value::Object(arguments);
     if let Err(reason) = broker.tools().validate(&params.name, &arguments) {
-        return Reply::Done(Ok(outcome_json(ToolOutcome::tool_error(reason))));
+        return match ToolOutcome::tool_error(reason) {
+            ToolOutcome::Result(v) => Reply::Done(Ok(v)),
+            ToolOutcome::Error(e) => Reply::err(e),
+        };
     }
     // A plain call runs here, on this request (no task row, no durability).
-    let (events_tx, mut events) = mpsc::unbounded_channel();
-    let (notes_tx, notes) = mpsc::unbounded_channel();
-    let ctx = ToolContext::new(events_tx, CancellationToken::new(), None, 1);
-    let outcome = async move {
-        let run = tool.call(arguments, ctx);
-        tokio::pin!(run);
-        loop {
-            tokio::select! {
-                outcome = &mut run => {
-                    while let Ok(event) = events.try_recv() {
-                        forward_progress(&notes_tx, progress_token.as_ref(), event);
-                    }
-                    return outcome_result(outcome);
-                }
-                Some(event) = events.recv() => forward_progress(&notes_tx, progress_token.as_ref(), event),
-            }
-        }
-    };
-    Reply::Later {
-        notifications: Some(notes),
-        outcome: Box::pin(outcome),
-    }
-}
-
-fn forward_progress(
-    notes: &mpsc::UnboundedSender<Value>,
-    token: Option<&ProgressToken>,
-    event: ToolEvent,
-) {
-    let (
-        Some(token),
-        ToolEvent::Progress {
-            progress,
-            total,
-            message,
+    calls::run(
+        calls::PlainCall {
+            session: session.clone(),
+            requests: state.client_requests.clone(),
+            progress_token,
+            sse,
         },
-    ) = (token, event)
-    else {
-        return;
-    };
-    let mut params = Map::new();
-    params.insert("progressToken".into(), json!(token));
-    params.insert("progress".into(), json!(progress));
-    if let Some(total) = total {
-        params.insert("total".into(), json!(total));
-    }
-    if let Some(message) = message {
-        params.insert("message".into(), json!(message));
-    }
-    let _ = notes.send(mcp::notification(
-        "notifications/progress",
-        Value::Object(params),
-    ));
-}
-
-fn outcome_json(outcome: ToolOutcome) -> Value {
-    match outcome {
-        ToolOutcome::Result(v) => v,
-        ToolOutcome::Error(e) => e.to_json(),
-    }
-}
-
-fn outcome_result(outcome: ToolOutcome) -> Result<Value, Value> {
-    match outcome {
-        ToolOutcome::Result(v) => Ok(v),
-        ToolOutcome::Error(e) => Err(e.to_json()),
-    }
+        tool,
+        arguments,
+    )
 }
 
 fn log_broker_error(e: &crate::broker::BrokerError) {
@@ -261,8 +246,10 @@ async fn tasks_result(state: &AppState, session: &Arc<Session>, params: Option<&
         }
     };
     Reply::Later {
-        notifications: None,
+        items: None,
         outcome: Box::pin(outcome),
+        // Waiting needs nobody once the client has gone.
+        resumable: false,
     }
 }
 

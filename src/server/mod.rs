@@ -2,10 +2,12 @@
 //! sessions, JSON and SSE responses, and the dispatch of methods to the
 //! broker. No SQL here.
 
+mod calls;
 mod dispatch;
 mod origin;
 mod sessions;
 mod sse;
+mod streams;
 mod transport;
 
 use std::net::SocketAddr;
@@ -17,7 +19,9 @@ use axum::routing::{any, get};
 
 use crate::broker::Broker;
 
+pub use calls::ClientRequests;
 pub use sessions::{Session, Sessions};
+pub use streams::Streams;
 
 /// HTTP-level settings.
 #[derive(Debug, Clone)]
@@ -28,6 +32,9 @@ pub struct ServerConfig {
     pub allowed_origins: Vec<String>,
     /// Interval of SSE keep-alive comments.
     pub keep_alive: Duration,
+    /// `retry` (ms) announced in priming events: how long a client waits
+    /// to reconnect after the server closes a stream.
+    pub retry_ms: u64,
 }
 
 impl Default for ServerConfig {
@@ -36,6 +43,7 @@ impl Default for ServerConfig {
             max_body_bytes: 4 * 1024 * 1024,
             allowed_origins: Vec::new(),
             keep_alive: Duration::from_secs(15),
+            retry_ms: 1000,
         }
     }
 }
@@ -47,6 +55,10 @@ pub struct AppState {
     pub broker: Broker,
     /// MCP sessions.
     pub sessions: Arc<Sessions>,
+    /// Resumable SSE streams of requests in flight.
+    pub streams: Arc<Streams>,
+    /// Requests sent to clients, awaiting answers.
+    pub client_requests: Arc<ClientRequests>,
     /// HTTP settings.
     pub config: Arc<ServerConfig>,
     /// Where we listen (for origin checks).

@@ -2,13 +2,14 @@
 //! server still accepts them, cached in memory for the hot path.
 
 use std::collections::HashMap;
-use std::sync::atomic::{AtomicI64, Ordering};
+use std::sync::atomic::{AtomicI64, AtomicU8, Ordering};
 use std::sync::{Arc, RwLock};
 
 use serde_json::{Map, Value};
 
 use crate::clock::now_ms;
 use crate::store::{NewSession, Store, StoreError};
+use crate::tools::LogLevel;
 
 /// How often (ms) a session's last_seen_at is written.
 const TOUCH_EVERY_MS: i64 = 60_000;
@@ -23,9 +24,63 @@ pub struct Session {
     /// What the client declared in initialize.
     pub client_capabilities: Value,
     last_touch: AtomicI64,
+    /// Least severe log level the client wants (logging/setLevel), as an
+    /// index into `LogLevel::ALL`.
+    log_level: AtomicU8,
 }
 
 impl Session {
+    fn with(
+        id: String,
+        protocol_version: String,
+        client_capabilities: Value,
+        last_touch: i64,
+    ) -> Self {
+        Self {
+            id,
+            protocol_version,
+            client_capabilities,
+            last_touch: AtomicI64::new(last_touch),
+            log_level: AtomicU8::new(1), // info until the client says
+        }
+    }
+
+    /// Whether a log message of `level` goes to this client.
+    pub fn wants_log(&self, level: LogLevel) -> bool {
+        let min = LogLevel::ALL[usize::from(self.log_level.load(Ordering::Relaxed)).min(7)];
+        level >= min
+    }
+
+    /// logging/setLevel.
+    pub fn set_log_level(&self, level: LogLevel) {
+        let index = LogLevel::ALL.iter().position(|l| *l == level).unwrap_or(1);
+        self.log_level.store(index as u8, Ordering::Relaxed);
+    }
+
+    /// Whether the client declared the capability needed to receive
+    /// `method` (sampling, elicitation in `mode`).
+    pub fn client_supports(&self, method: &str, params: &Value) -> bool {
+        let caps = &self.client_capabilities;
+        match method {
+            "sampling/createMessage" => caps.get("sampling").is_some(),
+            "elicitation/create" => {
+                let Some(elicitation) = caps.get("elicitation") else {
+                    return false;
+                };
+                match params.get("mode").and_then(Value::as_str).unwrap_or("form") {
+                    // An empty elicitation capability means form mode.
+                    "form" => {
+                        elicitation.get("form").is_some()
+                            || elicitation
+                                .as_object()
+                                .is_some_and(|o| o.is_empty() || !o.contains_key("url"))
+                    }
+                    mode => elicitation.get(mode).is_some(),
+                }
+            }
+            _ => true,
+        }
+    }
     /// The owner recorded on this session's tasks.
     pub fn owner(&self) -> String {
         format!("session:{}", self.id)
@@ -68,12 +123,12 @@ impl Sessions {
                 now,
             )
             .await?;
-        let session = Arc::new(Session {
-            id: id.clone(),
-            protocol_version: protocol_version.to_owned(),
-            client_capabilities: Value::Object(client_capabilities.clone()),
-            last_touch: AtomicI64::new(now),
-        });
+        let session = Arc::new(Session::with(
+            id.clone(),
+            protocol_version.to_owned(),
+            Value::Object(client_capabilities.clone()),
+            now,
+        ));
         self.write_cache().insert(id, session.clone());
         Ok(session)
     }
@@ -90,13 +145,13 @@ impl Sessions {
                 if row.ended_at.is_some() {
                     return Ok(None);
                 }
-                let session = Arc::new(Session {
-                    id: row.session_id.clone(),
-                    protocol_version: row.protocol_version,
-                    client_capabilities: serde_json::from_str(&row.client_capabilities)
+                let session = Arc::new(Session::with(
+                    row.session_id.clone(),
+                    row.protocol_version,
+                    serde_json::from_str(&row.client_capabilities)
                         .unwrap_or(Value::Object(Map::new())),
-                    last_touch: AtomicI64::new(row.last_seen_at),
-                });
+                    row.last_seen_at,
+                ));
                 self.write_cache().insert(row.session_id, session.clone());
                 session
             }

@@ -10,9 +10,10 @@ use axum::http::{HeaderMap, HeaderValue, Method, StatusCode, header};
 use axum::response::{IntoResponse, Response};
 use serde_json::{Value, json};
 
-use super::dispatch::{Reply, dispatch};
+use super::dispatch::{Reply, StreamItem, dispatch};
 use super::origin::{host_allowed, origin_allowed};
 use super::sessions::Session;
+use super::streams::Attach;
 use super::{AppState, sse};
 use crate::mcp::{
     self, Incoming, InitializeParams, RequestId, RpcError, error_response, parse_params,
@@ -212,11 +213,14 @@ async fn post(state: AppState, headers: HeaderMap, body: Body) -> Response {
             tracing::debug!(method, "notification");
             StatusCode::ACCEPTED.into_response()
         }
-        Incoming::Response { id, .. } => {
-            if let Err(r) = require_session(&state, &headers).await {
-                return r;
+        Incoming::Response { id, body } => {
+            let session = match require_session(&state, &headers).await {
+                Ok(s) => s,
+                Err(r) => return r,
+            };
+            if !state.client_requests.resolve(&session.id, &id, body) {
+                tracing::warn!(id = ?id.0, "client response to no pending request of this session");
             }
-            tracing::debug!(id = ?id.0, "client response (no request of ours is pending)");
             StatusCode::ACCEPTED.into_response()
         }
     }
@@ -252,6 +256,7 @@ async fn initialize(state: &AppState, id: &RequestId, params: Option<&Value>) ->
         "protocolVersion": version,
         "capabilities": {
             "tools": { "listChanged": false },
+            "logging": {},
             "tasks": {
                 "list": {},
                 "cancel": {},
@@ -283,27 +288,74 @@ async fn request(
         .and_then(|p| p.get("taskId"))
         .and_then(Value::as_str)
         .map(str::to_owned);
-    let reply = dispatch(&state, &session, &method, params.as_ref()).await;
+    let sse = accepts(headers, "text/event-stream");
+    let reply = dispatch(&state, &session, sse, &method, params.as_ref()).await;
     match reply {
         Reply::Done(outcome) => {
             log_request(&method, task_id.as_deref(), &outcome, started);
             json_response(StatusCode::OK, &to_message(&id, outcome))
         }
         Reply::Later {
-            notifications,
+            items,
             outcome,
-        } => {
-            if accepts(headers, "text/event-stream") {
-                sse::respond(state.config.keep_alive, notifications, async move {
-                    let outcome = outcome.await;
-                    log_request(&method, task_id.as_deref(), &outcome, started);
-                    to_message(&id, outcome)
-                })
-            } else {
+            resumable,
+        } if sse && resumable => {
+            // The work runs on its own; connections read its stream and
+            // may come and go (H-4).
+            let stream = state.streams.open(&session.id);
+            let writer = stream.clone();
+            tokio::spawn(async move {
+                let mut items = items;
+                tokio::pin!(outcome);
+                let outcome = loop {
+                    let item = match items.as_mut() {
+                        Some(rx) => tokio::select! {
+                            biased;
+                            item = rx.recv() => item,
+                            outcome = &mut outcome => break outcome,
+                        },
+                        None => break (&mut outcome).await,
+                    };
+                    match item {
+                        Some(StreamItem::Message(m)) => writer.push(m),
+                        Some(StreamItem::Close) => writer.close_connections(),
+                        None => items = None,
+                    }
+                };
+                if let Some(rx) = items.as_mut() {
+                    while let Ok(StreamItem::Message(m)) = rx.try_recv() {
+                        writer.push(m);
+                    }
+                }
+                log_request(&method, task_id.as_deref(), &outcome, started);
+                writer.finish(to_message(&id, outcome));
+            });
+            state.streams.respond(stream, Attach::First)
+        }
+        Reply::Later { items, outcome, .. } if sse => {
+            let notes = items.map(|mut rx| {
+                let (tx, notes) = tokio::sync::mpsc::unbounded_channel();
+                tokio::spawn(async move {
+                    while let Some(item) = rx.recv().await {
+                        if let StreamItem::Message(m) = item
+                            && tx.send(m).is_err()
+                        {
+                            break;
+                        }
+                    }
+                });
+                notes
+            });
+            sse::respond(state.config.keep_alive, notes, async move {
                 let outcome = outcome.await;
                 log_request(&method, task_id.as_deref(), &outcome, started);
-                json_response(StatusCode::OK, &to_message(&id, outcome))
-            }
+                to_message(&id, outcome)
+            })
+        }
+        Reply::Later { outcome, .. } => {
+            let outcome = outcome.await;
+            log_request(&method, task_id.as_deref(), &outcome, started);
+            json_response(StatusCode::OK, &to_message(&id, outcome))
         }
     }
 }
@@ -358,10 +410,20 @@ async fn get(state: AppState, headers: HeaderMap) -> Response {
             "Not Acceptable: GET needs Accept: text/event-stream",
         );
     }
-    match require_session(&state, &headers).await {
-        Ok(_) => sse::idle(state.config.keep_alive),
-        Err(r) => r,
+    let session = match require_session(&state, &headers).await {
+        Ok(s) => s,
+        Err(r) => return r,
+    };
+    // Resumption (H-4): replay only that stream's messages after the id.
+    if let Some(last) = header_str(&headers, "last-event-id") {
+        match state.streams.find(&session.id, last) {
+            Ok((stream, after)) => return state.streams.respond(stream, Attach::Resume(after)),
+            Err(e) => {
+                tracing::info!(last_event_id = last, reason = ?e, "nothing to resume; opening a fresh stream");
+            }
+        }
     }
+    sse::idle(state.config.keep_alive)
 }
 
 /// DELETE ends the session (H-1, H-5).

@@ -1,6 +1,7 @@
 //! Tools: the `Tool` trait, the registry that validates arguments, and the
 //! built-in demo tools.
 
+mod conformance;
 mod demo;
 
 use std::collections::BTreeMap;
@@ -9,11 +10,12 @@ use std::pin::Pin;
 use std::sync::Arc;
 
 use serde_json::{Map, Value, json};
-use tokio::sync::mpsc;
+use tokio::sync::{mpsc, oneshot};
 use tokio_util::sync::CancellationToken;
 
 use crate::mcp::RpcError;
 
+pub use conformance::conformance_tools;
 pub use demo::demo_tools;
 
 /// `execution.taskSupport` of a tool (T-4..T-6).
@@ -96,8 +98,10 @@ impl ToolOutcome {
     }
 }
 
-/// Something a running tool reports.
-#[derive(Debug, Clone, PartialEq)]
+/// Something a running tool reports or asks for. Whoever runs the tool (the
+/// server for a plain call, a worker for a task) decides how it reaches the
+/// client.
+#[derive(Debug)]
 pub enum ToolEvent {
     /// notifications/progress material.
     Progress {
@@ -110,6 +114,78 @@ pub enum ToolEvent {
     },
     /// A new statusMessage for the task.
     Status(String),
+    /// A log message for the client (notifications/message).
+    Log {
+        /// Syslog level name (debug .. emergency).
+        level: LogLevel,
+        /// Any JSON.
+        data: Value,
+    },
+    /// A request to the client (sampling/createMessage, elicitation/create):
+    /// the answer, or why there is none, goes back on `reply`.
+    Request {
+        /// JSON-RPC method.
+        method: String,
+        /// Its params.
+        params: Value,
+        /// The client's `result`, or an error.
+        reply: oneshot::Sender<Result<Value, RpcError>>,
+    },
+    /// Close the client's current SSE connection (it resumes with
+    /// Last-Event-ID); the call goes on.
+    CloseStream,
+}
+
+/// MCP log levels (RFC 5424 severities), least severe first.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash)]
+pub enum LogLevel {
+    /// debug
+    Debug,
+    /// info
+    Info,
+    /// notice
+    Notice,
+    /// warning
+    Warning,
+    /// error
+    Error,
+    /// critical
+    Critical,
+    /// alert
+    Alert,
+    /// emergency
+    Emergency,
+}
+
+impl LogLevel {
+    /// Every level, least severe first.
+    pub const ALL: [LogLevel; 8] = [
+        Self::Debug,
+        Self::Info,
+        Self::Notice,
+        Self::Warning,
+        Self::Error,
+        Self::Critical,
+        Self::Alert,
+        Self::Emergency,
+    ];
+    /// The wire name.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Self::Debug => "debug",
+            Self::Info => "info",
+            Self::Notice => "notice",
+            Self::Warning => "warning",
+            Self::Error => "error",
+            Self::Critical => "critical",
+            Self::Alert => "alert",
+            Self::Emergency => "emergency",
+        }
+    }
+    /// Parse a wire name.
+    pub fn parse(s: &str) -> Option<Self> {
+        Self::ALL.into_iter().find(|l| l.as_str() == s)
+    }
 }
 
 /// What a tool sees of its call.
@@ -147,6 +223,32 @@ impl ToolContext {
     /// Set the task's statusMessage.
     pub fn status(&self, message: impl Into<String>) {
         let _ = self.events.send(ToolEvent::Status(message.into()));
+    }
+    /// Send a log message to the client (dropped below the session's level).
+    pub fn log(&self, level: LogLevel, data: Value) {
+        let _ = self.events.send(ToolEvent::Log { level, data });
+    }
+    /// Ask the client something (`sampling/createMessage`,
+    /// `elicitation/create`) and wait for its answer.
+    pub async fn request(&self, method: &str, params: Value) -> Result<Value, RpcError> {
+        let (reply, answer) = oneshot::channel();
+        self.events
+            .send(ToolEvent::Request {
+                method: method.to_owned(),
+                params,
+                reply,
+            })
+            .map_err(|_| RpcError::internal())?;
+        answer.await.unwrap_or_else(|_| {
+            Err(RpcError::new(
+                crate::mcp::ErrorCode::InternalError,
+                format!("{method}: the request to the client was dropped"),
+            ))
+        })
+    }
+    /// Close the client's SSE connection now; it reconnects and resumes.
+    pub fn close_stream(&self) {
+        let _ = self.events.send(ToolEvent::CloseStream);
     }
     /// Fires when the call is cancelled; the tool's future is also dropped.
     pub fn cancelled(&self) -> &CancellationToken {

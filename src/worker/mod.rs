@@ -241,6 +241,20 @@ impl WorkerPool {
                 Some(t) => format!("{progress}/{t}"),
                 None => format!("{progress}"),
             },
+            ToolEvent::Request { method, reply, .. } => {
+                // Asking the client from inside a task (input_required) is
+                // not served yet: the tool hears so and decides.
+                let _ = reply.send(Err(RpcError::new(
+                    crate::mcp::ErrorCode::MethodNotFound,
+                    format!("{method} is not available to tools running as tasks"),
+                )));
+                return;
+            }
+            ToolEvent::Log { level, data } => {
+                tracing::info!(task_id = %job.task_id, level = level.as_str(), %data, "tool log");
+                return;
+            }
+            ToolEvent::CloseStream => return,
         };
         if let Err(e) = self
             .store

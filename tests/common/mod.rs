@@ -412,3 +412,83 @@ pub fn parse_time_ms(s: &str) -> i128 {
         .unwrap_or_else(|e| panic!("bad timestamp {s}: {e}"));
     t.unix_timestamp_nanos() / 1_000_000
 }
+
+/// Reads SSE events from a live response, one at a time.
+pub struct SseReader {
+    response: reqwest::Response,
+    buffer: String,
+}
+
+impl SseReader {
+    pub fn new(response: reqwest::Response) -> Self {
+        Self {
+            response,
+            buffer: String::new(),
+        }
+    }
+
+    /// The next event (comments skipped); None when the server closed the
+    /// stream.
+    pub async fn next_event(&mut self) -> Option<SseEvent> {
+        loop {
+            if let Some(end) = self.buffer.find("\n\n") {
+                let block: String = self.buffer.drain(..end + 2).collect();
+                if let Some(event) = parse_sse(&block).into_iter().next() {
+                    return Some(event);
+                }
+                continue;
+            }
+            let chunk = tokio::time::timeout(Duration::from_secs(30), self.response.chunk())
+                .await
+                .expect("no SSE data within 30 s")
+                .expect("SSE read failed")?;
+            self.buffer
+                .push_str(std::str::from_utf8(&chunk).expect("UTF-8"));
+        }
+    }
+
+    /// The next event that carries a JSON message.
+    pub async fn next_message(&mut self) -> Option<(SseEvent, Value)> {
+        loop {
+            let event = self.next_event().await?;
+            if !event.data.trim().is_empty() {
+                let v = serde_json::from_str(&event.data).expect("SSE data is JSON");
+                return Some((event, v));
+            }
+        }
+    }
+}
+
+impl Client {
+    /// POST a request and return the raw streaming response.
+    pub async fn post_stream(&mut self, method: &str, params: Value) -> (i64, reqwest::Response) {
+        let id = self.next_id;
+        self.next_id += 1;
+        let body = json!({ "jsonrpc": "2.0", "id": id, "method": method, "params": params });
+        let r = self
+            .http
+            .post(&self.url)
+            .headers(self.headers())
+            .body(body.to_string())
+            .send()
+            .await
+            .expect("POST failed");
+        (id, r)
+    }
+
+    /// initialize with the given client capabilities.
+    pub async fn initialize_with(&mut self, capabilities: Value) -> Value {
+        let body = json!({
+            "jsonrpc": "2.0", "id": 0, "method": "initialize",
+            "params": {
+                "protocolVersion": "2025-11-25",
+                "capabilities": capabilities,
+                "clientInfo": { "name": "taskbroker-tests", "version": "0" }
+            }
+        });
+        let raw = self.post_raw(self.headers(), body.to_string()).await;
+        assert_eq!(raw.status, 200, "initialize: {}", raw.body);
+        self.session = Some(raw.headers["mcp-session-id"].to_str().unwrap().to_owned());
+        raw.json()["result"].clone()
+    }
+}
