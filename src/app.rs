@@ -1,5 +1,6 @@
-//! One broker process: open the store, start the change feed, maintenance
-//! and the embedded workers, serve HTTP, and stop cleanly on SIGINT/SIGTERM.
+//! Broker processes: `serve` (store, change feed, maintenance, embedded
+//! workers, HTTP) and `worker` (store, change feed, maintenance, workers),
+//! each stopping cleanly on SIGINT/SIGTERM.
 
 use std::net::SocketAddr;
 use std::path::PathBuf;
@@ -12,11 +13,11 @@ use tokio_util::sync::CancellationToken;
 use crate::broker::{Broker, BrokerConfig, Feed, maintenance};
 use crate::server::{AppState, ClientRequests, ServerConfig, Sessions, Streams};
 use crate::store::{Durability, Store};
-use crate::tools::{Registry, conformance_tools, demo_tools};
+use crate::tools::{Registry, Tool};
 use crate::worker::{WorkerConfig, WorkerPool};
 
 /// Everything `taskbroker serve` is told.
-#[derive(Debug, Clone)]
+#[derive(Clone)]
 pub struct ServeConfig {
     /// The SQLite file.
     pub db: PathBuf,
@@ -26,6 +27,9 @@ pub struct ServeConfig {
     pub workers: usize,
     /// Job lease.
     pub lease: Duration,
+    /// On shutdown, how long running jobs may finish before their leases
+    /// are released.
+    pub grace: Duration,
     /// Commit durability.
     pub durability: Durability,
     /// Task rules.
@@ -34,53 +38,117 @@ pub struct ServeConfig {
     pub server: ServerConfig,
     /// How long shutdown waits for open requests and streams.
     pub shutdown_grace: Duration,
-    /// Also serve the conformance suite's fixture tools.
-    pub conformance_tools: bool,
+    /// The tools served.
+    pub tools: Vec<Arc<dyn Tool>>,
+}
+
+/// Everything `taskbroker worker` is told.
+#[derive(Clone)]
+pub struct WorkConfig {
+    /// The SQLite file (must exist, with the current schema).
+    pub db: PathBuf,
+    /// Jobs run at once.
+    pub concurrency: usize,
+    /// Job lease.
+    pub lease: Duration,
+    /// On shutdown, how long running jobs may finish before their leases
+    /// are released.
+    pub grace: Duration,
+    /// Commit durability.
+    pub durability: Durability,
+    /// The tools this worker can run.
+    pub tools: Vec<Arc<dyn Tool>>,
 }
 
 /// How often the change-feed tailer checks for commits by other processes.
 const FEED_TICK: Duration = Duration::from_millis(20);
+
+/// Store-side services every broker process runs: the change feed and
+/// maintenance (ttl purge, lease rescue).
+struct Core {
+    store: Store,
+    broker: Broker,
+    shutdown: CancellationToken,
+    tailer: tokio::task::JoinHandle<()>,
+    maintenance: tokio::task::JoinHandle<()>,
+}
+
+impl Core {
+    async fn start(
+        store: Store,
+        tools: Vec<Arc<dyn Tool>>,
+        broker: BrokerConfig,
+        lease: Duration,
+    ) -> anyhow::Result<Self> {
+        let tools = Arc::new(Registry::new(tools)?);
+        let feed = Feed::new();
+        let shutdown = CancellationToken::new();
+        let tailer = feed
+            .spawn_tailer(store.clone(), FEED_TICK, shutdown.clone())
+            .await?;
+        let broker = Broker::new(store.clone(), tools, broker, feed);
+        let maintenance = tokio::spawn(maintenance::run(
+            broker.clone(),
+            maintenance::MaintenanceConfig::for_lease(lease),
+            shutdown.clone(),
+        ));
+        Ok(Self {
+            store,
+            broker,
+            shutdown,
+            tailer,
+            maintenance,
+        })
+    }
+
+    fn pool(
+        &self,
+        concurrency: usize,
+        lease: Duration,
+        grace: Duration,
+        kind: &'static str,
+    ) -> WorkerPool {
+        WorkerPool::new(
+            self.store.clone(),
+            self.broker.tools().clone(),
+            self.broker.feed().clone(),
+            WorkerConfig {
+                concurrency,
+                lease,
+                idle_max: Duration::from_secs(1),
+                grace,
+                kind,
+            },
+            self.broker.job_queued(),
+        )
+    }
+
+    async fn stop(self) {
+        self.shutdown.cancel();
+        let _ = self.maintenance.await;
+        let _ = self.tailer.await;
+        self.store.close().await;
+    }
+}
 
 /// Run a broker until SIGINT/SIGTERM.
 pub async fn serve(config: ServeConfig) -> anyhow::Result<()> {
     let store = Store::open(&config.db, config.durability)
         .await
         .with_context(|| format!("opening database {}", config.db.display()))?;
-    let mut tools = demo_tools();
-    if config.conformance_tools {
-        tools.extend(conformance_tools());
-    }
-    let tools = Arc::new(Registry::new(tools)?);
-    let feed = Feed::new();
-    let shutdown = CancellationToken::new();
-    let tailer = feed
-        .spawn_tailer(store.clone(), FEED_TICK, shutdown.clone())
-        .await?;
-    let broker = Broker::new(
+    let core = Core::start(
         store.clone(),
-        tools.clone(),
+        config.tools.clone(),
         config.broker.clone(),
-        feed.clone(),
-    );
-
-    let maintenance = tokio::spawn(maintenance::run(
-        broker.clone(),
-        maintenance::MaintenanceConfig::for_lease(config.lease),
-        shutdown.clone(),
-    ));
+        config.lease,
+    )
+    .await?;
+    // Cancelled by SIGINT/SIGTERM: HTTP drains, workers stop claiming and
+    // finish or release their jobs.
+    let stopping = CancellationToken::new();
     let pool = (config.workers > 0).then(|| {
-        let pool = WorkerPool::new(
-            store.clone(),
-            tools.clone(),
-            feed.clone(),
-            WorkerConfig {
-                concurrency: config.workers,
-                lease: config.lease,
-                idle_tick: Duration::from_millis(250),
-            },
-            broker.job_queued(),
-        );
-        tokio::spawn(pool.run(shutdown.clone()))
+        let pool = core.pool(config.workers, config.lease, config.grace, "embedded");
+        tokio::spawn(pool.run(stopping.clone()))
     });
 
     let listener = tokio::net::TcpListener::bind(config.listen)
@@ -88,7 +156,7 @@ pub async fn serve(config: ServeConfig) -> anyhow::Result<()> {
         .with_context(|| format!("binding {}", config.listen))?;
     let local_addr = listener.local_addr()?;
     let state = AppState {
-        broker,
+        broker: core.broker.clone(),
         sessions: Arc::new(Sessions::new(store.clone())),
         streams: Arc::new(Streams::new(
             config.server.retry_ms,
@@ -104,17 +172,19 @@ pub async fn serve(config: ServeConfig) -> anyhow::Result<()> {
     tracing::info!(%local_addr, db = %config.db.display(), workers = config.workers,
                    lease_s = config.lease.as_secs_f64(), "broker started");
 
-    let signal = shutdown.clone();
-    tokio::spawn(async move {
-        wait_for_signal().await;
-        tracing::info!("shutdown requested");
-        signal.cancel();
-    });
-    let graceful = shutdown.clone();
+    {
+        let stopping = stopping.clone();
+        tokio::spawn(async move {
+            wait_for_signal().await;
+            tracing::info!("shutdown requested");
+            stopping.cancel();
+        });
+    }
+    let graceful = stopping.clone();
     let server = axum::serve(listener, app)
         .with_graceful_shutdown(async move { graceful.cancelled().await });
     let grace = config.shutdown_grace;
-    let stopped = shutdown.clone();
+    let stopped = stopping.clone();
     tokio::select! {
         result = server => result.context("HTTP server failed")?,
         // Long-lived streams (tasks/result waits) would hold graceful
@@ -123,14 +193,39 @@ pub async fn serve(config: ServeConfig) -> anyhow::Result<()> {
             tracing::info!("grace period over: closing open streams");
         }
     }
-    shutdown.cancel();
+    stopping.cancel();
     if let Some(pool) = pool {
         let _ = pool.await;
     }
-    let _ = maintenance.await;
-    let _ = tailer.await;
-    store.close().await;
+    core.stop().await;
     tracing::info!("broker stopped");
+    Ok(())
+}
+
+/// Run a worker process until SIGINT/SIGTERM: claims jobs from the
+/// database, runs their tools, records their outcomes. Never migrates.
+pub async fn work(config: WorkConfig) -> anyhow::Result<()> {
+    let store = Store::open_existing(&config.db, config.durability)
+        .await
+        .with_context(|| format!("opening database {}", config.db.display()))?;
+    let core = Core::start(
+        store,
+        config.tools.clone(),
+        BrokerConfig::default(),
+        config.lease,
+    )
+    .await?;
+    let pool = core.pool(config.concurrency, config.lease, config.grace, "process");
+    tracing::info!(worker = %pool.id(), db = %config.db.display(), concurrency = config.concurrency,
+                   lease_s = config.lease.as_secs_f64(), "worker started");
+    let stop = CancellationToken::new();
+    let running = tokio::spawn(pool.run(stop.clone()));
+    wait_for_signal().await;
+    tracing::info!("shutdown requested: no new claims");
+    stop.cancel();
+    let _ = running.await;
+    core.stop().await;
+    tracing::info!("worker stopped");
     Ok(())
 }
 

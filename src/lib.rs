@@ -21,11 +21,13 @@
 //! - [`tools`]: the `Tool` trait, the registry that validates arguments, and
 //!   the demo tools.
 //! - [`store`]: every SQL statement, and the migrations runner.
+//! - [`config`]: the `taskbroker.toml` file: settings and command tools.
 //! - [`clock`]: wall-clock milliseconds, the unit of every stored time.
 
 pub mod app;
 pub mod broker;
 pub mod clock;
+pub mod config;
 pub mod mcp;
 pub mod server;
 pub mod store;

@@ -1,14 +1,19 @@
-//! `taskbroker`: the command line.
+//! `taskbroker`: the command line. Flags (and their environment variables)
+//! override the config file, which overrides the defaults.
 
 use std::net::SocketAddr;
 use std::path::PathBuf;
+use std::sync::Arc;
 use std::time::Duration;
 
+use anyhow::Context;
 use clap::{Args, Parser, Subcommand};
-use taskbroker::app::{self, ServeConfig};
+use taskbroker::app::{self, ServeConfig, WorkConfig};
 use taskbroker::broker::BrokerConfig;
+use taskbroker::config::Config;
 use taskbroker::server::ServerConfig;
 use taskbroker::store::Durability;
+use taskbroker::tools::{Tool, conformance_tools, demo_tools};
 use tracing_subscriber::EnvFilter;
 
 /// A durable MCP task broker: tasks, results and history in SQLite.
@@ -23,6 +28,8 @@ struct Cli {
 enum Command {
     /// Run the MCP server (with embedded workers).
     Serve(ServeArgs),
+    /// Run jobs from the database in this process (no HTTP).
+    Worker(WorkerArgs),
     /// Create or upgrade the database schema, then exit.
     Migrate {
         /// SQLite database file.
@@ -33,35 +40,42 @@ enum Command {
 
 #[derive(Debug, Args)]
 struct ServeArgs {
-    /// SQLite database file (created and migrated on first start).
-    #[arg(long, env = "TASKBROKER_DB", default_value = "taskbroker.db")]
-    db: PathBuf,
-    /// Address to listen on. Port 0 picks a free port.
-    #[arg(long, env = "TASKBROKER_LISTEN", default_value = "127.0.0.1:8808")]
-    listen: SocketAddr,
-    /// Embedded workers (jobs run at once); default one per core; 0 leaves
-    /// execution to separate worker processes.
+    /// Config file (taskbroker.toml): settings and command tools.
+    #[arg(long, env = "TASKBROKER_CONFIG")]
+    config: Option<PathBuf>,
+    /// SQLite database file, created and migrated on first start [default: taskbroker.db].
+    #[arg(long, env = "TASKBROKER_DB")]
+    db: Option<PathBuf>,
+    /// Address to listen on; port 0 picks a free port [default: 127.0.0.1:8808].
+    #[arg(long, env = "TASKBROKER_LISTEN")]
+    listen: Option<SocketAddr>,
+    /// Embedded workers (jobs run at once) [default: one per core]; 0 leaves
+    /// execution to `taskbroker worker` processes.
     #[arg(long, env = "TASKBROKER_WORKERS")]
     workers: Option<usize>,
     /// Job lease in seconds: a worker silent this long is presumed dead and
-    /// its job is run again.
-    #[arg(long, env = "TASKBROKER_LEASE", default_value_t = 30.0, value_parser = positive_secs)]
-    lease: f64,
-    /// Longest ttl a task may have, in seconds; requested ttls are clamped.
-    #[arg(long, env = "TASKBROKER_MAX_TTL", default_value_t = 7 * 24 * 3600)]
-    max_ttl: u64,
-    /// ttl in seconds of a task whose request names none.
-    #[arg(long, env = "TASKBROKER_DEFAULT_TTL", default_value_t = 3600)]
-    default_ttl: u64,
-    /// pollInterval suggested on every task, in milliseconds.
-    #[arg(long, env = "TASKBROKER_POLL_INTERVAL", default_value_t = 1000, value_parser = clap::value_parser!(u64).range(1..))]
-    poll_interval: u64,
-    /// Tasks per tasks/list page.
-    #[arg(long, env = "TASKBROKER_PAGE_SIZE", default_value_t = 100, value_parser = clap::value_parser!(u64).range(1..=1000))]
-    page_size: u64,
-    /// Largest POST body in bytes (413 beyond).
-    #[arg(long, env = "TASKBROKER_MAX_BODY", default_value_t = 4 * 1024 * 1024)]
-    max_body: usize,
+    /// its job is run again [default: 30].
+    #[arg(long, env = "TASKBROKER_LEASE", value_parser = positive_secs)]
+    lease: Option<f64>,
+    /// On shutdown, seconds running jobs may finish before their leases are
+    /// released to other workers [default: 10].
+    #[arg(long, env = "TASKBROKER_GRACE", value_parser = secs)]
+    grace: Option<f64>,
+    /// Longest ttl a task may have, in seconds; requested ttls are clamped [default: 604800].
+    #[arg(long, env = "TASKBROKER_MAX_TTL")]
+    max_ttl: Option<u64>,
+    /// ttl in seconds of a task whose request names none [default: 3600].
+    #[arg(long, env = "TASKBROKER_DEFAULT_TTL")]
+    default_ttl: Option<u64>,
+    /// pollInterval suggested on every task, in milliseconds [default: 1000].
+    #[arg(long, env = "TASKBROKER_POLL_INTERVAL", value_parser = clap::value_parser!(u64).range(1..))]
+    poll_interval: Option<u64>,
+    /// Tasks per tasks/list page [default: 100].
+    #[arg(long, env = "TASKBROKER_PAGE_SIZE", value_parser = clap::value_parser!(u64).range(1..=1000))]
+    page_size: Option<u64>,
+    /// Largest POST body in bytes (413 beyond) [default: 4194304].
+    #[arg(long, env = "TASKBROKER_MAX_BODY")]
+    max_body: Option<usize>,
     /// Extra allowed Origin (repeatable); localhost is always allowed.
     #[arg(
         long = "allowed-origin",
@@ -69,54 +83,212 @@ struct ServeArgs {
         value_delimiter = ','
     )]
     allowed_origins: Vec<String>,
-    /// Commit durability: full (fsync per commit, default) or normal.
-    #[arg(long, env = "TASKBROKER_DURABILITY", default_value = "full")]
-    durability: Durability,
+    /// Commit durability: full (fsync per commit) or normal [default: full].
+    #[arg(long, env = "TASKBROKER_DURABILITY")]
+    durability: Option<Durability>,
     /// Also serve the MCP conformance suite's fixture tools (test_*).
     #[arg(long)]
     conformance_tools: bool,
+    /// Do not serve the demo tools (echo, sleep, sleep_as_task, fail).
+    #[arg(long)]
+    no_demo_tools: bool,
 }
 
-fn positive_secs(s: &str) -> Result<f64, String> {
+#[derive(Debug, Args)]
+struct WorkerArgs {
+    /// Config file (taskbroker.toml): the same tools as the server.
+    #[arg(long, env = "TASKBROKER_CONFIG")]
+    config: Option<PathBuf>,
+    /// SQLite database file; must exist with the current schema [default: taskbroker.db].
+    #[arg(long, env = "TASKBROKER_DB")]
+    db: Option<PathBuf>,
+    /// Jobs run at once [default: one per core].
+    #[arg(long, env = "TASKBROKER_CONCURRENCY", value_parser = clap::value_parser!(u64).range(1..=10_000))]
+    concurrency: Option<u64>,
+    /// Job lease in seconds [default: 30].
+    #[arg(long, env = "TASKBROKER_LEASE", value_parser = positive_secs)]
+    lease: Option<f64>,
+    /// On SIGTERM/SIGINT, seconds running jobs may finish before their
+    /// leases are released to other workers [default: 10].
+    #[arg(long, env = "TASKBROKER_GRACE", value_parser = secs)]
+    grace: Option<f64>,
+    /// Commit durability: full or normal [default: full].
+    #[arg(long, env = "TASKBROKER_DURABILITY")]
+    durability: Option<Durability>,
+    /// Do not serve the demo tools.
+    #[arg(long)]
+    no_demo_tools: bool,
+}
+
+fn secs(s: &str) -> Result<f64, String> {
     let v: f64 = s.parse().map_err(|e| format!("{e}"))?;
-    if v.is_finite() && v > 0.0 && v <= 86_400.0 {
+    if v.is_finite() && (0.0..=86_400.0).contains(&v) {
         Ok(v)
     } else {
-        Err("must be a number of seconds above 0 and at most 86400".into())
+        Err("must be a number of seconds from 0 to 86400".into())
     }
 }
 
-fn secs_ms(secs: u64) -> i64 {
-    i64::try_from(secs.saturating_mul(1000)).unwrap_or(i64::MAX)
+fn positive_secs(s: &str) -> Result<f64, String> {
+    let v = secs(s)?;
+    if v > 0.0 {
+        Ok(v)
+    } else {
+        Err("must be a number of seconds above 0".into())
+    }
+}
+
+fn ms(d: Duration) -> i64 {
+    i64::try_from(d.as_millis()).unwrap_or(i64::MAX)
+}
+
+fn cores() -> usize {
+    std::thread::available_parallelism()
+        .map(usize::from)
+        .unwrap_or(1)
+}
+
+fn load_config(path: Option<&PathBuf>) -> anyhow::Result<Config> {
+    match path {
+        Some(p) => Ok(Config::load(p)?),
+        None => Ok(Config::default()),
+    }
+}
+
+/// Demo tools (unless turned off), conformance fixtures (if asked), then
+/// the config's command tools.
+fn tools(config: &Config, no_demo: bool, conformance: bool) -> Vec<Arc<dyn Tool>> {
+    let mut tools = Vec::new();
+    if !no_demo && config.file.server.demo_tools.unwrap_or(true) {
+        tools.extend(demo_tools());
+    }
+    if conformance || config.file.server.conformance_tools.unwrap_or(false) {
+        tools.extend(conformance_tools());
+    }
+    tools.extend(config.tools.iter().cloned());
+    tools
+}
+
+fn durability(flag: Option<Durability>, file: &Option<String>) -> anyhow::Result<Durability> {
+    match (flag, file) {
+        (Some(d), _) => Ok(d),
+        (None, Some(text)) => text
+            .parse()
+            .map_err(|e: String| anyhow::anyhow!("config: durability: {e}")),
+        (None, None) => Ok(Durability::Full),
+    }
 }
 
 impl ServeArgs {
-    fn into_config(self) -> ServeConfig {
-        let workers = self.workers.unwrap_or_else(|| {
-            std::thread::available_parallelism()
-                .map(usize::from)
-                .unwrap_or(1)
-        });
-        ServeConfig {
-            db: self.db,
-            listen: self.listen,
-            workers,
-            lease: Duration::from_secs_f64(self.lease),
-            durability: self.durability,
+    fn into_config(self) -> anyhow::Result<ServeConfig> {
+        let config = load_config(self.config.as_ref())?;
+        let s = &config.file.server;
+        let lease = match self.lease {
+            Some(v) => Duration::from_secs_f64(v),
+            None => config
+                .duration(&s.lease)?
+                .unwrap_or(Duration::from_secs(30)),
+        };
+        anyhow::ensure!(
+            lease >= Duration::from_millis(100),
+            "lease must be at least 100 ms"
+        );
+        let grace = match self.grace {
+            Some(v) => Duration::from_secs_f64(v),
+            None => config
+                .duration(&s.grace)?
+                .unwrap_or(Duration::from_secs(10)),
+        };
+        let max_ttl = match self.max_ttl {
+            Some(v) => Duration::from_secs(v),
+            None => config
+                .duration(&s.max_ttl)?
+                .unwrap_or(Duration::from_secs(7 * 24 * 3600)),
+        };
+        let default_ttl = match self.default_ttl {
+            Some(v) => Duration::from_secs(v),
+            None => config
+                .duration(&s.default_ttl)?
+                .unwrap_or(Duration::from_secs(3600)),
+        };
+        let poll_interval = match self.poll_interval {
+            Some(v) => Duration::from_millis(v),
+            None => config
+                .duration(&s.poll_interval)?
+                .unwrap_or(Duration::from_secs(1)),
+        };
+        let mut allowed_origins = s.allowed_origins.clone().unwrap_or_default();
+        allowed_origins.extend(self.allowed_origins);
+        Ok(ServeConfig {
+            db: self
+                .db
+                .or(s.db.clone())
+                .unwrap_or_else(|| "taskbroker.db".into()),
+            listen: self
+                .listen
+                .or(s.listen)
+                .unwrap_or_else(|| SocketAddr::from(([127, 0, 0, 1], 8808))),
+            workers: self.workers.or(s.workers).unwrap_or_else(cores),
+            lease,
+            grace,
+            durability: durability(self.durability, &s.durability)?,
             broker: BrokerConfig {
-                default_ttl_ms: Some(secs_ms(self.default_ttl.min(self.max_ttl))),
-                max_ttl_ms: secs_ms(self.max_ttl),
-                poll_interval_ms: i64::try_from(self.poll_interval).unwrap_or(i64::MAX),
-                page_size: i64::try_from(self.page_size).unwrap_or(100),
+                default_ttl_ms: Some(ms(default_ttl.min(max_ttl))),
+                max_ttl_ms: ms(max_ttl),
+                poll_interval_ms: ms(poll_interval).max(1),
+                page_size: i64::try_from(
+                    self.page_size.or(s.page_size).unwrap_or(100).clamp(1, 1000),
+                )
+                .unwrap_or(100),
             },
             server: ServerConfig {
-                max_body_bytes: self.max_body,
-                allowed_origins: self.allowed_origins,
+                max_body_bytes: self.max_body.or(s.max_body).unwrap_or(4 * 1024 * 1024),
+                allowed_origins,
                 ..ServerConfig::default()
             },
             shutdown_grace: Duration::from_secs(5),
-            conformance_tools: self.conformance_tools,
-        }
+            tools: tools(&config, self.no_demo_tools, self.conformance_tools),
+        })
+    }
+}
+
+impl WorkerArgs {
+    fn into_config(self) -> anyhow::Result<WorkConfig> {
+        let config = load_config(self.config.as_ref())?;
+        let (s, w) = (&config.file.server, &config.file.worker);
+        let lease = match self.lease {
+            Some(v) => Duration::from_secs_f64(v),
+            None => config
+                .duration(&w.lease)?
+                .or(config.duration(&s.lease)?)
+                .unwrap_or(Duration::from_secs(30)),
+        };
+        anyhow::ensure!(
+            lease >= Duration::from_millis(100),
+            "lease must be at least 100 ms"
+        );
+        let grace = match self.grace {
+            Some(v) => Duration::from_secs_f64(v),
+            None => config
+                .duration(&w.grace)?
+                .or(config.duration(&s.grace)?)
+                .unwrap_or(Duration::from_secs(10)),
+        };
+        Ok(WorkConfig {
+            db: self
+                .db
+                .or(s.db.clone())
+                .unwrap_or_else(|| "taskbroker.db".into()),
+            concurrency: self
+                .concurrency
+                .map(|c| c as usize)
+                .or(w.concurrency)
+                .unwrap_or_else(cores),
+            lease,
+            grace,
+            durability: durability(self.durability, &s.durability)?,
+            tools: tools(&config, self.no_demo_tools, false),
+        })
     }
 }
 
@@ -131,7 +303,8 @@ async fn main() -> anyhow::Result<()> {
         .init();
     let cli = Cli::parse();
     match cli.command {
-        Command::Serve(args) => app::serve(args.into_config()).await,
+        Command::Serve(args) => app::serve(args.into_config().context("configuration")?).await,
+        Command::Worker(args) => app::work(args.into_config().context("configuration")?).await,
         Command::Migrate { db } => {
             let applied = app::migrate(&db).await?;
             println!("{}: {applied} migration(s) applied", db.display());

@@ -157,7 +157,7 @@ fn migrate_creates_the_schema_and_is_idempotent() {
         );
         String::from_utf8(out.stdout).unwrap()
     };
-    assert!(run().contains("1 migration(s) applied"));
+    assert!(run().contains("2 migration(s) applied"));
     assert!(run().contains("0 migration(s) applied"));
     let rt = tokio::runtime::Runtime::new().unwrap();
     rt.block_on(async {

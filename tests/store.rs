@@ -343,14 +343,18 @@ async fn open_two_handles_concurrently_on_a_fresh_file() {
         .fetch_one(&raw)
         .await
         .unwrap();
-    assert_eq!(applied, 1, "the migration is recorded once");
+    assert_eq!(applied, 2, "each migration is recorded once");
 }
 
 #[tokio::test]
 async fn migrate_applies_once_then_nothing() {
     let dir = tempfile::tempdir().unwrap();
     let path = dir.path().join("migrate.db");
-    assert_eq!(Store::migrate(&path).await.unwrap(), 1, "fresh file: V1");
+    assert_eq!(
+        Store::migrate(&path).await.unwrap(),
+        2,
+        "fresh file: V1, V2"
+    );
     assert_eq!(Store::migrate(&path).await.unwrap(), 0, "second run: none");
 
     // open migrates too, and finds nothing to do.
@@ -368,7 +372,7 @@ async fn migrate_applies_once_then_nothing() {
             .fetch_all(&raw)
             .await
             .unwrap();
-    assert_eq!(versions, vec![1]);
+    assert_eq!(versions, vec![1, 2]);
 }
 
 // task_create / task_get -----------------------------------------------------

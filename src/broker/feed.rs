@@ -15,12 +15,17 @@ use crate::store::{Store, TaskEvent};
 
 /// Rows read per query while catching up.
 const BATCH: i64 = 1000;
+/// Quiet ticks before the tailer looks at its slowest (every 10 quiet ticks
+/// add one tick to the wait, up to 5 ticks).
+const IDLE_STEPS: u32 = 40;
 
 /// Handle to the feed: subscribe to events, or kick the tailer.
 #[derive(Debug, Clone)]
 pub struct Feed {
     events: broadcast::Sender<Arc<TaskEvent>>,
     kick: Arc<Notify>,
+    /// Notified whenever the tailer sees a commit by any connection.
+    changed: Arc<Notify>,
 }
 
 impl Feed {
@@ -30,12 +35,18 @@ impl Feed {
         Self {
             events,
             kick: Arc::new(Notify::new()),
+            changed: Arc::new(Notify::new()),
         }
     }
 
     /// Receive every event from now on.
     pub fn subscribe(&self) -> broadcast::Receiver<Arc<TaskEvent>> {
         self.events.subscribe()
+    }
+
+    /// Resolves at the next commit the tailer sees (any process).
+    pub async fn changed(&self) {
+        self.changed.notified().await;
     }
 
     /// Tell the tailer this process just committed a change.
@@ -55,15 +66,25 @@ impl Feed {
         let mut version = store.data_version(&mut conn).await?;
         let feed = self.clone();
         Ok(tokio::spawn(async move {
+            let mut idle: u32 = 0;
             loop {
+                let wait = tick * (1 + idle / 10);
                 let kicked = tokio::select! {
                     _ = shutdown.cancelled() => return,
                     _ = feed.kick.notified() => true,
-                    _ = tokio::time::sleep(tick) => false,
+                    _ = tokio::time::sleep(wait) => false,
                 };
                 match store.data_version(&mut conn).await {
-                    Ok(v) if v == version && !kicked => continue,
-                    Ok(v) => version = v,
+                    Ok(v) if v == version && !kicked => {
+                        // Nothing new: look less often, up to 5x the tick.
+                        idle = (idle + 1).min(IDLE_STEPS);
+                        continue;
+                    }
+                    Ok(v) => {
+                        version = v;
+                        idle = 0;
+                        feed.changed.notify_waiters();
+                    }
                     Err(e) => {
                         tracing::warn!(error = %e, "change feed: data_version failed");
                         continue;

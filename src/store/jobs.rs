@@ -182,6 +182,78 @@ impl Store {
         Ok(())
     }
 
+    /// Whether any job could be claimed now (a read: no write lock taken).
+    pub async fn job_any_runnable(&self, now: i64) -> Result<bool, StoreError> {
+        let found = sqlx::query_scalar!(
+            r#"SELECT EXISTS (SELECT 1 FROM jobs WHERE state = 'queued' AND run_after <= ?) AS "found!: bool""#,
+            now
+        )
+        .fetch_one(&self.read)
+        .await?;
+        Ok(found)
+    }
+
+    /// Give a running job back (graceful shutdown): queued again at once
+    /// while attempts remain, so another worker takes it without waiting for
+    /// the lease to expire; else its task fails saying why. Fenced by the
+    /// lease token. Returns true when the job was queued again.
+    pub async fn job_release(
+        &self,
+        task_seq: i64,
+        lease_token: &str,
+        now: i64,
+    ) -> Result<bool, StoreError> {
+        let mut tx = self.write.begin_with(BEGIN_IMMEDIATE).await?;
+        let requeued = sqlx::query!(
+            "UPDATE jobs SET state = 'queued', lease_owner = NULL, lease_token = NULL, lease_expires_at = NULL,
+                    run_after = ?, last_error = 'released by a stopping worker on attempt ' || attempt
+              WHERE task_seq = ? AND lease_token = ? AND state = 'running' AND attempt < max_attempts
+                AND cancel_requested = 0",
+            now,
+            task_seq,
+            lease_token
+        )
+        .execute(&mut *tx)
+        .await?
+        .rows_affected();
+        if requeued == 1 {
+            tx.commit().await?;
+            return Ok(true);
+        }
+        let closed = sqlx::query!(
+            "UPDATE jobs SET state = 'done', lease_token = NULL, lease_expires_at = NULL, finished_at = ?,
+                    last_error = 'worker stopped during the last attempt'
+              WHERE task_seq = ? AND lease_token = ? AND state = 'running'",
+            now,
+            task_seq,
+            lease_token
+        )
+        .execute(&mut *tx)
+        .await?
+        .rows_affected();
+        if closed == 0 {
+            tx.rollback().await?;
+            return Err(StoreError::LeaseLost);
+        }
+        sqlx::query!(
+            r#"UPDATE tasks
+                  SET status = 'failed',
+                      status_message = 'worker stopped during attempt ' || j.attempt || ' of ' || j.max_attempts || '; no attempts left',
+                      result = json_object('code', -32603,
+                                           'message', 'Task failed: its worker stopped during the last allowed attempt'),
+                      result_kind = 'error',
+                      updated_at = MAX(tasks.updated_at, ?)
+                 FROM jobs j
+                WHERE j.task_seq = tasks.seq AND tasks.seq = ? AND tasks.status IN ('working', 'input_required')"#,
+            now,
+            task_seq
+        )
+        .execute(&mut *tx)
+        .await?;
+        tx.commit().await?;
+        Ok(false)
+    }
+
     /// Take back every job whose lease expired (its worker died or hung):
     /// queue it again after `backoff_ms * attempt` (plus jitter) while
     /// attempts remain, else fail its task with a message that says why.

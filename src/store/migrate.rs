@@ -64,6 +64,40 @@ impl AsyncQuery<Vec<Migration>> for SqlxMigrationConn {
 
 impl AsyncMigrate for SqlxMigrationConn {}
 
+/// The newest schema version this build knows.
+pub(super) fn known_version() -> i64 {
+    migrations::runner()
+        .get_migrations()
+        .iter()
+        .map(|m| i64::from(m.version()))
+        .max()
+        .unwrap_or(0)
+}
+
+/// Refuse a database whose schema is not exactly the one this build knows:
+/// newer needs a newer taskbroker; older (or none) needs `taskbroker
+/// migrate` (or `serve`), so that workers never race to migrate.
+pub(super) async fn check(conn: &mut SqliteConnection) -> Result<(), StoreError> {
+    let known = known_version();
+    let applied: Option<i64> =
+        sqlx::query_scalar("SELECT MAX(version) FROM refinery_schema_history")
+            .fetch_one(&mut *conn)
+            .await
+            .unwrap_or(None);
+    match applied {
+        Some(v) if v == known => Ok(()),
+        Some(v) if v > known => Err(StoreError::Schema(format!(
+            "the database schema is version {v}, newer than this taskbroker knows ({known}): upgrade taskbroker"
+        ))),
+        Some(v) => Err(StoreError::Schema(format!(
+            "the database schema is version {v}, older than this taskbroker's ({known}): run `taskbroker migrate` (or start `taskbroker serve`) first"
+        ))),
+        None => Err(StoreError::Schema(format!(
+            "the database has no taskbroker schema: run `taskbroker migrate` (or start `taskbroker serve`) first (schema version {known})"
+        ))),
+    }
+}
+
 /// Apply every pending migration; returns how many were applied.
 ///
 /// Two processes starting on a fresh file may race to apply the same

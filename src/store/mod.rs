@@ -11,11 +11,13 @@ mod jobs;
 mod migrate;
 mod sessions;
 mod tasks;
+mod workers;
 
 use std::path::{Path, PathBuf};
 use std::str::FromStr;
 use std::time::Duration;
 
+use sqlx::Connection;
 use sqlx::sqlite::{
     SqliteConnectOptions, SqliteJournalMode, SqlitePool, SqlitePoolOptions, SqliteSynchronous,
 };
@@ -23,6 +25,7 @@ use sqlx::sqlite::{
 pub use jobs::{ClaimedJob, HeartbeatOutcome, RescueReport};
 pub use sessions::{NewSession, SessionRow};
 pub use tasks::{CancelOutcome, NewJob, NewTask, TaskEvent, TaskOutcome, TaskRow};
+pub use workers::NewWorker;
 
 /// Statement used to open every write transaction.
 const BEGIN_IMMEDIATE: &str = "BEGIN IMMEDIATE";
@@ -41,6 +44,9 @@ pub enum StoreError {
     /// A schema migration failed.
     #[error("migration failed: {0}")]
     Migrate(String),
+    /// The database's schema is not the one this build knows.
+    #[error("{0}")]
+    Schema(String),
 }
 
 /// How hard every commit is pushed to disk.
@@ -101,6 +107,27 @@ impl Store {
     pub async fn open(path: &Path, durability: Durability) -> Result<Self, StoreError> {
         let options = connect_options(path, durability);
         migrate::run(&options).await?;
+        Self::connect(path, options).await
+    }
+
+    /// Open an existing database without migrating it (worker processes):
+    /// refused unless its schema is exactly the one this build knows.
+    pub async fn open_existing(path: &Path, durability: Durability) -> Result<Self, StoreError> {
+        if !path.exists() {
+            return Err(StoreError::Schema(format!(
+                "{} does not exist: run `taskbroker migrate --db {}` (or start `taskbroker serve`) first",
+                path.display(),
+                path.display()
+            )));
+        }
+        let options = connect_options(path, durability).create_if_missing(false);
+        let mut conn = sqlx::SqliteConnection::connect_with(&options).await?;
+        migrate::check(&mut conn).await?;
+        conn.close().await?;
+        Self::connect(path, options).await
+    }
+
+    async fn connect(path: &Path, options: SqliteConnectOptions) -> Result<Self, StoreError> {
         let write = SqlitePoolOptions::new()
             .max_connections(1)
             .min_connections(1)

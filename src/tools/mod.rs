@@ -1,6 +1,7 @@
 //! Tools: the `Tool` trait, the registry that validates arguments, and the
 //! built-in demo tools.
 
+mod command;
 mod conformance;
 mod demo;
 
@@ -15,6 +16,7 @@ use tokio_util::sync::CancellationToken;
 
 use crate::mcp::RpcError;
 
+pub use command::{CommandSpec, CommandTool};
 pub use conformance::conformance_tools;
 pub use demo::demo_tools;
 

@@ -3,6 +3,7 @@
 //! by the lease token. The embedded pool of `serve` is this code.
 
 use std::sync::Arc;
+use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::Duration;
 
 use serde_json::Value;
@@ -12,7 +13,7 @@ use tokio_util::sync::CancellationToken;
 use crate::broker::{Feed, outcome_to_record};
 use crate::clock::now_ms;
 use crate::mcp::RpcError;
-use crate::store::{ClaimedJob, Store, StoreError};
+use crate::store::{ClaimedJob, NewWorker, Store, StoreError};
 use crate::tools::{Registry, ToolContext, ToolEvent, ToolOutcome};
 
 /// How a pool runs.
@@ -22,9 +23,14 @@ pub struct WorkerConfig {
     pub concurrency: usize,
     /// Lease length; renewed every third of it.
     pub lease: Duration,
-    /// How often an idle pool looks for jobs queued by other processes or
-    /// due after a backoff.
-    pub idle_tick: Duration,
+    /// Longest wait of an idle pool between looks for due jobs (jobs of
+    /// other processes wake it sooner through the change feed).
+    pub idle_max: Duration,
+    /// On shutdown, how long running jobs may go on before their leases are
+    /// released for another worker.
+    pub grace: Duration,
+    /// `embedded` (in `serve`) or `process` (`taskbroker worker`).
+    pub kind: &'static str,
 }
 
 /// A pool of job runners in this process.
@@ -34,15 +40,20 @@ pub struct WorkerPool {
     tools: Arc<Registry>,
     feed: Feed,
     config: WorkerConfig,
-    /// Identifies this pool in `jobs.lease_owner`.
+    /// Identifies this pool in `jobs.lease_owner` and `workers`.
     worker_id: String,
     /// Woken when this process queues a job.
     job_queued: Arc<Notify>,
+    /// Jobs running now (for the workers table).
+    running: Arc<AtomicUsize>,
 }
 
 fn millis(d: Duration) -> i64 {
     i64::try_from(d.as_millis()).unwrap_or(i64::MAX)
 }
+
+/// Shortest idle wait.
+const IDLE_MIN: Duration = Duration::from_millis(50);
 
 impl WorkerPool {
     /// A pool; `job_queued` wakes it early.
@@ -66,16 +77,45 @@ impl WorkerPool {
             config,
             worker_id,
             job_queued,
+            running: Arc::new(AtomicUsize::new(0)),
         }
     }
 
-    /// Claim and run jobs until `shutdown`; running jobs are then dropped
-    /// (their leases expire and another worker takes them).
+    /// This pool's id (`host:pid:random`).
+    pub fn id(&self) -> &str {
+        &self.worker_id
+    }
+
+    /// Claim and run jobs until `shutdown`; then stop claiming, let running
+    /// jobs finish for up to the grace period, and release the rest so
+    /// another worker takes them at once.
     pub async fn run(self, shutdown: CancellationToken) {
-        let slots = Arc::new(Semaphore::new(self.config.concurrency.max(1)));
-        tracing::info!(worker = %self.worker_id, concurrency = self.config.concurrency, "worker pool started");
-        let running = CancellationToken::new();
+        let concurrency = self.config.concurrency.max(1);
+        let registered = self
+            .store
+            .worker_register(
+                &NewWorker {
+                    worker_id: self.worker_id.clone(),
+                    pid: i64::from(std::process::id()),
+                    host: hostname(),
+                    kind: self.config.kind,
+                    concurrency: concurrency as i64,
+                    lease_ms: millis(self.config.lease),
+                },
+                now_ms(),
+            )
+            .await;
+        if let Err(e) = registered {
+            tracing::warn!(error = %e, "worker registration failed");
+        }
+        tracing::info!(worker = %self.worker_id, concurrency, "worker pool started");
+        let heartbeat = tokio::spawn(self.clone().heartbeat_loop(shutdown.clone()));
+        let slots = Arc::new(Semaphore::new(concurrency));
+        let release = CancellationToken::new();
+        let mut jobs = tokio::task::JoinSet::new();
+        let mut idle = IDLE_MIN;
         loop {
+            while jobs.try_join_next().is_some() {}
             let first = tokio::select! {
                 _ = shutdown.cancelled() => break,
                 permit = slots.clone().acquire_owned() => match permit {
@@ -83,57 +123,116 @@ impl WorkerPool {
                     Err(_) => break,
                 },
             };
-            let free = 1 + slots.available_permits();
-            let token = uuid::Uuid::new_v4().to_string();
-            let claimed = self
-                .store
-                .job_claim_available(
-                    &self.worker_id,
-                    &token,
-                    free as i64,
-                    millis(self.config.lease),
-                    now_ms(),
-                )
-                .await;
-            let jobs = match claimed {
-                Ok(jobs) => jobs,
-                Err(e) => {
-                    tracing::warn!(error = %e, "claim failed");
-                    Vec::new()
-                }
-            };
-            if jobs.is_empty() {
+            let claimed = self.claim(1 + slots.available_permits()).await;
+            if claimed.is_empty() {
                 drop(first);
                 tokio::select! {
                     _ = shutdown.cancelled() => break,
-                    _ = self.job_queued.notified() => {},
-                    _ = tokio::time::sleep(self.config.idle_tick) => {},
+                    _ = self.job_queued.notified() => idle = IDLE_MIN,
+                    _ = self.feed.changed() => idle = IDLE_MIN,
+                    _ = tokio::time::sleep(idle) => idle = (idle * 2).min(self.config.idle_max),
                 }
                 continue;
             }
+            idle = IDLE_MIN;
             let mut permits = vec![first];
-            for _ in 1..jobs.len() {
+            for _ in 1..claimed.len() {
                 match slots.clone().try_acquire_owned() {
                     Ok(p) => permits.push(p),
                     Err(_) => break,
                 }
             }
-            for (job, permit) in jobs.into_iter().zip(permits) {
+            for (job, permit) in claimed.into_iter().zip(permits) {
                 let pool = self.clone();
-                let stop = running.child_token();
-                tokio::spawn(async move {
-                    pool.run_job(job, stop).await;
+                let release = release.clone();
+                jobs.spawn(async move {
+                    pool.running.fetch_add(1, Ordering::Relaxed);
+                    pool.run_job(job, release).await;
+                    pool.running.fetch_sub(1, Ordering::Relaxed);
                     drop(permit);
                 });
             }
         }
-        running.cancel();
+        self.shutdown(jobs, release).await;
+        let _ = heartbeat.await;
+        if let Err(e) = self
+            .store
+            .worker_set_state(&self.worker_id, "stopped", now_ms())
+            .await
+        {
+            tracing::warn!(error = %e, "could not mark the worker stopped");
+        }
         tracing::info!(worker = %self.worker_id, "worker pool stopped");
     }
 
+    /// Claim up to `n` jobs, after a cheap read says there are any.
+    async fn claim(&self, n: usize) -> Vec<ClaimedJob> {
+        let now = now_ms();
+        match self.store.job_any_runnable(now).await {
+            Ok(false) => return Vec::new(),
+            Ok(true) => {}
+            Err(e) => tracing::warn!(error = %e, "queue check failed"),
+        }
+        let token = uuid::Uuid::new_v4().to_string();
+        match self
+            .store
+            .job_claim_available(
+                &self.worker_id,
+                &token,
+                n as i64,
+                millis(self.config.lease),
+                now,
+            )
+            .await
+        {
+            Ok(jobs) => jobs,
+            Err(e) => {
+                tracing::warn!(error = %e, "claim failed");
+                Vec::new()
+            }
+        }
+    }
+
+    async fn shutdown(&self, mut jobs: tokio::task::JoinSet<()>, release: CancellationToken) {
+        let running = jobs.len();
+        if running > 0 {
+            tracing::info!(worker = %self.worker_id, running, grace_s = self.config.grace.as_secs_f64(),
+                           "stopping: letting running jobs finish");
+            let _ = self
+                .store
+                .worker_set_state(&self.worker_id, "stopping", now_ms())
+                .await;
+            let finished = tokio::time::timeout(self.config.grace, async {
+                while jobs.join_next().await.is_some() {}
+            })
+            .await;
+            if finished.is_err() {
+                tracing::info!(worker = %self.worker_id, left = jobs.len(), "grace period over: releasing leases");
+                release.cancel();
+                while jobs.join_next().await.is_some() {}
+            }
+        }
+    }
+
+    async fn heartbeat_loop(self, shutdown: CancellationToken) {
+        let mut tick = tokio::time::interval(self.config.lease / 3);
+        tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+        loop {
+            tokio::select! {
+                _ = shutdown.cancelled() => return,
+                _ = tick.tick() => {
+                    let running = self.running.load(Ordering::Relaxed) as i64;
+                    if let Err(e) = self.store.worker_heartbeat(&self.worker_id, running, now_ms()).await {
+                        tracing::warn!(error = %e, "worker heartbeat failed");
+                    }
+                }
+            }
+        }
+    }
+
     /// Run one claimed job to its end, or until its lease is lost, its task
-    /// cancelled, or the pool stops.
-    async fn run_job(&self, job: ClaimedJob, stop: CancellationToken) {
+    /// cancelled, or `release` (shutdown after the grace period).
+    async fn run_job(&self, job: ClaimedJob, release: CancellationToken) {
         let started = std::time::Instant::now();
         tracing::info!(task_id = %job.task_id, tool = %job.tool, attempt = job.attempt, "job started");
         let (events_tx, mut events) = mpsc::unbounded_channel();
@@ -155,9 +254,14 @@ impl WorkerPool {
         let outcome = loop {
             tokio::select! {
                 outcome = &mut tool_run => break Some(outcome),
-                _ = stop.cancelled() => {
+                _ = release.cancelled() => {
                     cancel.cancel();
-                    tracing::info!(task_id = %job.task_id, "job abandoned: worker stopping");
+                    match self.store.job_release(job.task_seq, &job.lease_token, now_ms()).await {
+                        Ok(true) => tracing::info!(task_id = %job.task_id, "job released: queued for another worker"),
+                        Ok(false) => tracing::warn!(task_id = %job.task_id, "job released on its last attempt: task failed"),
+                        Err(e) => tracing::warn!(task_id = %job.task_id, error = %e, "releasing the job failed; its lease will expire"),
+                    }
+                    self.feed.kick();
                     return;
                 }
                 Some(event) = events.recv() => self.on_tool_event(&job, event).await,

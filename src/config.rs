@@ -1,0 +1,457 @@
+//! The config file, `taskbroker.toml`: server and worker settings, and
+//! command tools. Flags and environment override the file; the file
+//! overrides the defaults.
+//!
+//! Every refusal names the file, the line and the reason.
+
+use std::collections::{BTreeMap, HashMap};
+use std::net::SocketAddr;
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+use std::time::Duration;
+
+use serde::Deserialize;
+use toml::Spanned;
+
+use crate::tools::{CommandSpec, CommandTool, TaskSupport, Tool, ToolDefinition};
+
+/// A config file that could not be used.
+#[derive(Debug, thiserror::Error)]
+#[error("{file}:{line}: {reason}")]
+pub struct ConfigError {
+    /// The file.
+    pub file: String,
+    /// 1-based line (0 when the whole file is concerned).
+    pub line: usize,
+    /// What is wrong.
+    pub reason: String,
+}
+
+/// A duration: a number of seconds, or text such as "90s", "2h", "500ms".
+#[derive(Debug, Clone, Deserialize)]
+#[serde(untagged)]
+pub enum DurationValue {
+    /// Seconds.
+    Seconds(f64),
+    /// humantime text.
+    Text(String),
+}
+
+impl DurationValue {
+    fn to_duration(&self) -> Result<Duration, String> {
+        match self {
+            Self::Seconds(s) if s.is_finite() && *s >= 0.0 => Ok(Duration::from_secs_f64(*s)),
+            Self::Seconds(s) => Err(format!("{s} is not a duration")),
+            Self::Text(t) => {
+                humantime::parse_duration(t).map_err(|e| format!("'{t}' is not a duration: {e}"))
+            }
+        }
+    }
+}
+
+/// `[server]`.
+#[derive(Debug, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct ServerSection {
+    /// SQLite file.
+    pub db: Option<PathBuf>,
+    /// Listen address.
+    pub listen: Option<SocketAddr>,
+    /// Embedded workers.
+    pub workers: Option<usize>,
+    /// Job lease.
+    pub lease: Option<Spanned<DurationValue>>,
+    /// Longest ttl.
+    pub max_ttl: Option<Spanned<DurationValue>>,
+    /// ttl when none is asked for.
+    pub default_ttl: Option<Spanned<DurationValue>>,
+    /// pollInterval.
+    pub poll_interval: Option<Spanned<DurationValue>>,
+    /// tasks/list page size.
+    pub page_size: Option<u64>,
+    /// Largest POST body.
+    pub max_body: Option<usize>,
+    /// Extra allowed origins.
+    pub allowed_origins: Option<Vec<String>>,
+    /// full | normal.
+    pub durability: Option<String>,
+    /// Serve echo, sleep, sleep_as_task, fail (default true).
+    pub demo_tools: Option<bool>,
+    /// Serve the conformance fixture tools (default false).
+    pub conformance_tools: Option<bool>,
+    /// Graceful-shutdown period for running jobs.
+    pub grace: Option<Spanned<DurationValue>>,
+}
+
+/// `[worker]`: settings of `taskbroker worker`.
+#[derive(Debug, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct WorkerSection {
+    /// Jobs run at once.
+    pub concurrency: Option<usize>,
+    /// Job lease.
+    pub lease: Option<Spanned<DurationValue>>,
+    /// Graceful-shutdown period.
+    pub grace: Option<Spanned<DurationValue>>,
+}
+
+/// One `[[tool]]`.
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct ToolSection {
+    /// Unique name.
+    pub name: Spanned<String>,
+    /// For people and models.
+    pub description: String,
+    /// argv (no shell).
+    pub command: Spanned<Vec<String>>,
+    /// forbidden | optional | required (default optional).
+    pub task_support: Option<Spanned<String>>,
+    /// Longest run.
+    pub timeout: Option<Spanned<DurationValue>>,
+    /// Runs allowed when workers are lost (default 3; 1 = never twice).
+    pub max_attempts: Option<Spanned<i64>>,
+    /// JSON Schema of the arguments (default: any object).
+    pub input_schema: Option<Spanned<toml::Value>>,
+    /// JSON Schema of structuredContent.
+    pub output_schema: Option<Spanned<toml::Value>>,
+    /// Extra environment.
+    #[serde(default)]
+    pub env: BTreeMap<String, String>,
+    /// Working directory (default: the config file's folder).
+    pub working_dir: Option<PathBuf>,
+    /// Bytes of stdout kept (default 1 MiB).
+    pub max_output: Option<usize>,
+    /// Wait between TERM and KILL (default 5 s).
+    pub kill_grace: Option<Spanned<DurationValue>>,
+}
+
+/// The whole file.
+#[derive(Debug, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct ConfigFile {
+    /// `[server]`.
+    #[serde(default)]
+    pub server: ServerSection,
+    /// `[worker]`.
+    #[serde(default)]
+    pub worker: WorkerSection,
+    /// `[[tool]]`.
+    #[serde(default, rename = "tool")]
+    pub tools: Vec<ToolSection>,
+}
+
+/// A loaded config: the sections, the tools built from it, and where it
+/// came from.
+#[derive(Default)]
+pub struct Config {
+    /// The parsed file (defaults when there is none).
+    pub file: ConfigFile,
+    /// Command tools, validated.
+    pub tools: Vec<Arc<dyn Tool>>,
+    path: Option<PathBuf>,
+    text: String,
+}
+
+impl std::fmt::Debug for Config {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Config")
+            .field("path", &self.path)
+            .field("tools", &self.tools.len())
+            .finish()
+    }
+}
+
+const DEFAULT_MAX_OUTPUT: usize = 1024 * 1024;
+const DEFAULT_KILL_GRACE: Duration = Duration::from_secs(5);
+
+impl Config {
+    /// Load and validate `path`.
+    pub fn load(path: &Path) -> Result<Self, ConfigError> {
+        let text = std::fs::read_to_string(path).map_err(|e| ConfigError {
+            file: path.display().to_string(),
+            line: 0,
+            reason: format!("cannot read: {e}"),
+        })?;
+        let mut config = Self {
+            file: ConfigFile::default(),
+            tools: Vec::new(),
+            path: Some(path.to_owned()),
+            text,
+        };
+        config.file = toml::from_str(&config.text).map_err(|e| {
+            let line = e.span().map(|s| config.line_of(s.start)).unwrap_or(0);
+            config.error(line, e.message().trim().to_owned())
+        })?;
+        config.tools = config.build_tools()?;
+        Ok(config)
+    }
+
+    fn line_of(&self, offset: usize) -> usize {
+        self.text[..offset.min(self.text.len())]
+            .matches('\n')
+            .count()
+            + 1
+    }
+
+    fn error(&self, line: usize, reason: impl Into<String>) -> ConfigError {
+        ConfigError {
+            file: self
+                .path
+                .as_deref()
+                .map(|p| p.display().to_string())
+                .unwrap_or_else(|| "<none>".into()),
+            line,
+            reason: reason.into(),
+        }
+    }
+
+    /// The folder relative paths are resolved against.
+    fn base_dir(&self) -> PathBuf {
+        self.path
+            .as_deref()
+            .and_then(Path::parent)
+            .map(Path::to_path_buf)
+            .filter(|p| !p.as_os_str().is_empty())
+            .unwrap_or_else(|| PathBuf::from("."))
+    }
+
+    /// A duration setting, with the file's line on error.
+    pub fn duration(
+        &self,
+        value: &Option<Spanned<DurationValue>>,
+    ) -> Result<Option<Duration>, ConfigError> {
+        match value {
+            None => Ok(None),
+            Some(v) => v
+                .get_ref()
+                .to_duration()
+                .map(Some)
+                .map_err(|e| self.error(self.line_of(v.span().start), e)),
+        }
+    }
+
+    fn build_tools(&self) -> Result<Vec<Arc<dyn Tool>>, ConfigError> {
+        let mut seen: HashMap<String, usize> = HashMap::new();
+        let mut tools: Vec<Arc<dyn Tool>> = Vec::new();
+        for section in &self.file.tools {
+            let line = self.line_of(section.name.span().start);
+            let name = section.name.get_ref().clone();
+            if name.is_empty()
+                || name.len() > 128
+                || !name
+                    .chars()
+                    .all(|c| c.is_ascii_alphanumeric() || "_-.".contains(c))
+            {
+                return Err(self.error(
+                    line,
+                    format!("tool name '{name}': use 1-128 of A-Z a-z 0-9 _ - ."),
+                ));
+            }
+            if let Some(first) = seen.insert(name.clone(), line) {
+                return Err(self.error(
+                    line,
+                    format!("duplicate tool name '{name}' (first defined on line {first})"),
+                ));
+            }
+            let argv = section.command.get_ref();
+            let command_line = self.line_of(section.command.span().start);
+            let argv = self.resolve_command(argv, command_line, &name)?;
+            let task_support = match section
+                .task_support
+                .as_ref()
+                .map(|s| (s.get_ref().as_str(), s.span()))
+            {
+                None | Some(("optional", _)) => TaskSupport::Optional,
+                Some(("forbidden", _)) => TaskSupport::Forbidden,
+                Some(("required", _)) => TaskSupport::Required,
+                Some((other, span)) => {
+                    return Err(self.error(
+                        self.line_of(span.start),
+                        format!("tool '{name}': task_support '{other}' (expected forbidden, optional or required)"),
+                    ));
+                }
+            };
+            let max_attempts = match &section.max_attempts {
+                None => 3,
+                Some(n) if *n.get_ref() >= 1 => *n.get_ref(),
+                Some(n) => {
+                    return Err(self.error(
+                        self.line_of(n.span().start),
+                        format!("tool '{name}': max_attempts must be at least 1"),
+                    ));
+                }
+            };
+            let input_schema = self
+                .schema(&section.input_schema, &name, "input_schema")?
+                .unwrap_or_else(|| serde_json::json!({ "type": "object" }));
+            if input_schema.get("type").and_then(serde_json::Value::as_str) != Some("object") {
+                let at = section
+                    .input_schema
+                    .as_ref()
+                    .map(|s| self.line_of(s.span().start))
+                    .unwrap_or(line);
+                return Err(self.error(
+                    at,
+                    format!("tool '{name}': input_schema must have type = \"object\""),
+                ));
+            }
+            let output_schema = self.schema(&section.output_schema, &name, "output_schema")?;
+            let working_dir = match &section.working_dir {
+                Some(dir) if dir.is_relative() => Some(self.base_dir().join(dir)),
+                Some(dir) => Some(dir.clone()),
+                None => Some(self.base_dir()),
+            };
+            let spec = CommandSpec {
+                argv,
+                env: section.env.clone(),
+                working_dir,
+                timeout: self.duration(&section.timeout)?,
+                max_output: section.max_output.unwrap_or(DEFAULT_MAX_OUTPUT),
+                kill_grace: self
+                    .duration(&section.kill_grace)?
+                    .unwrap_or(DEFAULT_KILL_GRACE),
+            };
+            let def = ToolDefinition {
+                name,
+                description: section.description.clone(),
+                input_schema,
+                output_schema,
+                task_support,
+                max_attempts,
+            };
+            tools.push(Arc::new(CommandTool::new(def, spec)));
+        }
+        Ok(tools)
+    }
+
+    fn resolve_command(
+        &self,
+        argv: &[String],
+        line: usize,
+        name: &str,
+    ) -> Result<Vec<String>, ConfigError> {
+        let Some(program) = argv.first().filter(|p| !p.is_empty()) else {
+            return Err(self.error(line, format!("tool '{name}': command is empty")));
+        };
+        let path = if program.contains('/') {
+            let p = PathBuf::from(program);
+            let p = if p.is_relative() {
+                self.base_dir().join(p)
+            } else {
+                p
+            };
+            if !is_executable(&p) {
+                return Err(self.error(
+                    line,
+                    format!(
+                        "tool '{name}': command {} is missing or not executable",
+                        p.display()
+                    ),
+                ));
+            }
+            p.display().to_string()
+        } else {
+            let found = std::env::var_os("PATH")
+                .map(|paths| {
+                    std::env::split_paths(&paths).any(|dir| is_executable(&dir.join(program)))
+                })
+                .unwrap_or(false);
+            if !found {
+                return Err(self.error(
+                    line,
+                    format!("tool '{name}': command '{program}' is not on PATH"),
+                ));
+            }
+            program.clone()
+        };
+        let mut argv = argv.to_vec();
+        argv[0] = path;
+        Ok(argv)
+    }
+
+    fn schema(
+        &self,
+        value: &Option<Spanned<toml::Value>>,
+        name: &str,
+        key: &str,
+    ) -> Result<Option<serde_json::Value>, ConfigError> {
+        let Some(value) = value else { return Ok(None) };
+        let line = self.line_of(value.span().start);
+        let json = serde_json::to_value(value.get_ref())
+            .map_err(|e| self.error(line, format!("tool '{name}': {key} is not JSON: {e}")))?;
+        jsonschema::validator_for(&json).map_err(|e| {
+            self.error(
+                line,
+                format!("tool '{name}': {key} is not a valid JSON Schema: {e}"),
+            )
+        })?;
+        Ok(Some(json))
+    }
+}
+
+fn is_executable(path: &Path) -> bool {
+    use std::os::unix::fs::PermissionsExt;
+    std::fs::metadata(path).is_ok_and(|m| m.is_file() && m.permissions().mode() & 0o111 != 0)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn load(text: &str) -> Result<Config, ConfigError> {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("taskbroker.toml");
+        std::fs::write(&path, text).unwrap();
+        Config::load(&path)
+    }
+
+    #[test]
+    fn refusals_name_the_line_and_reason() {
+        let err = |text: &str| load(text).err().map(|e| (e.line, e.reason)).unwrap();
+        let (line, reason) = err("[server]\nlisten = \"127.0.0.1:1\"\nbogus = 1\n");
+        assert_eq!(line, 3, "{reason}");
+        assert!(reason.contains("unknown field"), "{reason}");
+        let two = "[[tool]]\nname = \"a\"\ndescription = \"d\"\ncommand = [\"true\"]\n\n[[tool]]\nname = \"a\"\ndescription = \"d\"\ncommand = [\"true\"]\n";
+        let (line, reason) = err(two);
+        assert_eq!(line, 7);
+        assert!(
+            reason.contains("duplicate tool name 'a' (first defined on line 2)"),
+            "{reason}"
+        );
+        let (line, reason) = err(
+            "[[tool]]\nname = \"a\"\ndescription = \"d\"\ncommand = [\"no-such-program-xyz\"]\n",
+        );
+        assert_eq!(line, 4);
+        assert!(reason.contains("not on PATH"), "{reason}");
+        let (line, reason) = err(
+            "[[tool]]\nname = \"a\"\ndescription = \"d\"\ncommand = [\"true\"]\ninput_schema = { type = \"object\", properties = 3 }\n",
+        );
+        assert_eq!(line, 5);
+        assert!(reason.contains("not a valid JSON Schema"), "{reason}");
+        let (_, reason) = err(
+            "[[tool]]\nname = \"a\"\ndescription = \"d\"\ncommand = [\"true\"]\ntimeout = \"soon\"\n",
+        );
+        assert!(reason.contains("not a duration"), "{reason}");
+        let (_, reason) = err(
+            "[[tool]]\nname = \"a\"\ndescription = \"d\"\ncommand = [\"true\"]\ntask_support = \"sometimes\"\n",
+        );
+        assert!(reason.contains("task_support"), "{reason}");
+    }
+
+    #[test]
+    fn a_good_file_builds_tools() {
+        let c = load(
+            "[server]\nlease = \"10s\"\n[[tool]]\nname = \"t\"\ndescription = \"d\"\ncommand = [\"sh\", \"-c\", \"cat\"]\ntask_support = \"required\"\nmax_attempts = 1\ntimeout = \"2h\"\n",
+        )
+        .unwrap();
+        assert_eq!(c.tools.len(), 1);
+        let def = c.tools[0].definition();
+        assert_eq!(def.task_support, TaskSupport::Required);
+        assert_eq!(def.max_attempts, 1);
+        assert_eq!(
+            c.duration(&c.file.server.lease).unwrap(),
+            Some(Duration::from_secs(10))
+        );
+    }
+}

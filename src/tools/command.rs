@@ -1,0 +1,273 @@
+//! Command tools: any program, any language, declared in the config file.
+//!
+//! Contract (README "Command tools"):
+//! - arguments: one JSON object on stdin; env `TASKBROKER_TASK_ID` (empty for
+//!   a plain call) and `TASKBROKER_ATTEMPT`.
+//! - result: stdout. A JSON object with `content` is a CallToolResult; other
+//!   JSON becomes text (plus structuredContent when it is an object);
+//!   anything else is text. Output beyond the cap is cut, and the cut said.
+//! - exit 0 = success; non-zero = `isError: true` with the tail of stderr;
+//!   a timeout fails the call with a message that says so.
+//! - the program runs in its own process group; cancellation and timeout
+//!   send TERM to the whole group, then KILL after a grace period.
+
+use std::collections::BTreeMap;
+use std::path::PathBuf;
+use std::process::Stdio;
+use std::time::Duration;
+
+use nix::sys::signal::{Signal, killpg};
+use nix::unistd::Pid;
+use serde_json::{Value, json};
+use tokio::io::{AsyncRead, AsyncReadExt, AsyncWriteExt};
+
+use super::{Tool, ToolContext, ToolDefinition, ToolFuture, ToolOutcome};
+use crate::mcp::{ErrorCode, RpcError};
+
+/// How to run one command tool.
+#[derive(Debug, Clone)]
+pub struct CommandSpec {
+    /// argv; `argv[0]` is the program (no shell).
+    pub argv: Vec<String>,
+    /// Extra environment.
+    pub env: BTreeMap<String, String>,
+    /// Working directory.
+    pub working_dir: Option<PathBuf>,
+    /// Longest run before the group is killed.
+    pub timeout: Option<Duration>,
+    /// Bytes of stdout kept.
+    pub max_output: usize,
+    /// Wait between TERM and KILL.
+    pub kill_grace: Duration,
+}
+
+/// Bytes of stderr kept for an error result.
+const STDERR_TAIL: usize = 4096;
+
+/// A tool that runs a program.
+#[derive(Debug)]
+pub struct CommandTool {
+    def: ToolDefinition,
+    spec: CommandSpec,
+}
+
+impl CommandTool {
+    /// A command tool with this definition and spec.
+    pub fn new(def: ToolDefinition, spec: CommandSpec) -> Self {
+        Self { def, spec }
+    }
+}
+
+impl Tool for CommandTool {
+    fn definition(&self) -> &ToolDefinition {
+        &self.def
+    }
+    fn call(&self, arguments: Value, ctx: ToolContext) -> ToolFuture<'_> {
+        Box::pin(run(&self.def.name, &self.spec, arguments, ctx))
+    }
+}
+
+/// Kills the process group when dropped (the call was cancelled by dropping
+/// its future, or it ended while children linger): TERM now, KILL after the
+/// grace period.
+struct GroupGuard {
+    pgid: Option<Pid>,
+    grace: Duration,
+}
+
+impl GroupGuard {
+    fn terminate(&mut self) {
+        let Some(pgid) = self.pgid.take() else { return };
+        if killpg(pgid, Signal::SIGTERM).is_err() {
+            return; // the group is gone already
+        }
+        let grace = self.grace;
+        std::thread::spawn(move || {
+            std::thread::sleep(grace);
+            let _ = killpg(pgid, Signal::SIGKILL);
+        });
+    }
+}
+
+impl Drop for GroupGuard {
+    fn drop(&mut self) {
+        self.terminate();
+    }
+}
+
+/// Read all of `reader`, keeping the first `cap` bytes (and whether more came).
+async fn read_capped(mut reader: impl AsyncRead + Unpin, cap: usize) -> (Vec<u8>, bool) {
+    let mut kept = Vec::new();
+    let mut cut = false;
+    let mut buf = [0u8; 8192];
+    loop {
+        match reader.read(&mut buf).await {
+            Ok(0) | Err(_) => return (kept, cut),
+            Ok(n) => {
+                let room = cap.saturating_sub(kept.len());
+                kept.extend_from_slice(&buf[..n.min(room)]);
+                cut |= n > room;
+            }
+        }
+    }
+}
+
+/// Read all of `reader`, keeping the last `cap` bytes.
+async fn read_tail(mut reader: impl AsyncRead + Unpin, cap: usize) -> Vec<u8> {
+    let mut kept = Vec::new();
+    let mut buf = [0u8; 8192];
+    loop {
+        match reader.read(&mut buf).await {
+            Ok(0) | Err(_) => return kept,
+            Ok(n) => {
+                kept.extend_from_slice(&buf[..n]);
+                if kept.len() > cap {
+                    kept.drain(..kept.len() - cap);
+                }
+            }
+        }
+    }
+}
+
+fn failure(message: String) -> ToolOutcome {
+    ToolOutcome::Error(RpcError::new(ErrorCode::InternalError, message))
+}
+
+async fn run(name: &str, spec: &CommandSpec, arguments: Value, ctx: ToolContext) -> ToolOutcome {
+    let mut command = tokio::process::Command::new(&spec.argv[0]);
+    command
+        .args(&spec.argv[1..])
+        .envs(&spec.env)
+        .env("TASKBROKER_TASK_ID", ctx.task_id().unwrap_or(""))
+        .env("TASKBROKER_ATTEMPT", ctx.attempt().to_string())
+        .env("TASKBROKER_TOOL", name)
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .process_group(0);
+    if let Some(dir) = &spec.working_dir {
+        command.current_dir(dir);
+    }
+    let mut child = match command.spawn() {
+        Ok(c) => c,
+        Err(e) => {
+            return failure(format!(
+                "tool '{name}': cannot start {:?}: {e}",
+                spec.argv[0]
+            ));
+        }
+    };
+    let mut guard = GroupGuard {
+        pgid: child
+            .id()
+            .and_then(|id| i32::try_from(id).ok())
+            .map(Pid::from_raw),
+        grace: spec.kill_grace,
+    };
+    if let Some(mut stdin) = child.stdin.take() {
+        let input = arguments.to_string();
+        // A program that does not read its stdin is not an error.
+        let _ = stdin.write_all(input.as_bytes()).await;
+    }
+    let (Some(stdout), Some(stderr)) = (child.stdout.take(), child.stderr.take()) else {
+        return failure(format!("tool '{name}': no pipes to the process"));
+    };
+    let stdout = tokio::spawn(read_capped(stdout, spec.max_output));
+    let stderr = tokio::spawn(read_tail(stderr, STDERR_TAIL));
+    let timeout = async {
+        match spec.timeout {
+            Some(t) => tokio::time::sleep(t).await,
+            None => std::future::pending().await,
+        }
+    };
+    let status = tokio::select! {
+        status = child.wait() => status,
+        _ = timeout => {
+            guard.terminate();
+            let _ = child.wait().await;
+            let limit = spec.timeout.map(|t| humantime::format_duration(t).to_string()).unwrap_or_default();
+            return failure(format!("tool '{name}' timed out after {limit}; its process group was killed"));
+        }
+        _ = ctx.cancelled().cancelled() => {
+            guard.terminate();
+            let _ = child.wait().await;
+            return failure(format!("tool '{name}' was cancelled"));
+        }
+    };
+    // The leader is done; anything it left behind in its group goes too.
+    guard.terminate();
+    let (out, cut) = stdout.await.unwrap_or_default();
+    let err_tail = stderr.await.unwrap_or_default();
+    let status = match status {
+        Ok(s) => s,
+        Err(e) => {
+            return failure(format!(
+                "tool '{name}': waiting for the process failed: {e}"
+            ));
+        }
+    };
+    let out = String::from_utf8_lossy(&out).into_owned();
+    if !status.success() {
+        let how = match status.code() {
+            Some(code) => format!("exited with code {code}"),
+            None => "was killed by a signal".to_owned(),
+        };
+        let err_text = String::from_utf8_lossy(&err_tail);
+        let text = if err_text.trim().is_empty() {
+            format!("tool '{name}' {how}")
+        } else {
+            format!("tool '{name}' {how}: {}", err_text.trim_end())
+        };
+        return ToolOutcome::tool_error(text);
+    }
+    result_from_stdout(out, cut, spec.max_output)
+}
+
+fn result_from_stdout(out: String, cut: bool, cap: usize) -> ToolOutcome {
+    let note = |text: String| {
+        if cut {
+            format!("{text}\n[output cut at {cap} bytes]")
+        } else {
+            text
+        }
+    };
+    if !cut && let Ok(value) = serde_json::from_str::<Value>(out.trim()) {
+        if value.get("content").is_some_and(Value::is_array) {
+            return ToolOutcome::Result(value);
+        }
+        let mut result = json!({ "content": [{ "type": "text", "text": out.trim_end() }] });
+        if value.is_object() {
+            result["structuredContent"] = value;
+        }
+        return ToolOutcome::Result(result);
+    }
+    ToolOutcome::Result(json!({ "content": [{ "type": "text", "text": note(out) }] }))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn stdout_becomes_a_call_tool_result() {
+        let r = |s: &str| match result_from_stdout(s.to_owned(), false, 100) {
+            ToolOutcome::Result(v) => v,
+            ToolOutcome::Error(e) => panic!("{e:?}"),
+        };
+        assert_eq!(r("hello\n")["content"][0]["text"], "hello\n");
+        assert_eq!(r("{\"a\":1}")["structuredContent"], json!({"a": 1}));
+        assert_eq!(r("[1,2]")["content"][0]["text"], "[1,2]");
+        assert!(r("[1,2]").get("structuredContent").is_none());
+        let full = json!({"content": [{"type": "text", "text": "x"}], "isError": true});
+        assert_eq!(r(&full.to_string()), full);
+        match result_from_stdout("abc".into(), true, 3) {
+            ToolOutcome::Result(v) => assert!(
+                v["content"][0]["text"]
+                    .as_str()
+                    .unwrap()
+                    .contains("cut at 3 bytes")
+            ),
+            ToolOutcome::Error(e) => panic!("{e:?}"),
+        }
+    }
+}
