@@ -37,6 +37,7 @@ impl MaintenanceConfig {
 pub async fn run(broker: Broker, config: MaintenanceConfig, shutdown: CancellationToken) {
     let mut purge = tokio::time::interval(config.purge_every);
     let mut rescue = tokio::time::interval(config.rescue_every);
+    let mut dead = tokio::time::interval(config.rescue_every * 4);
     purge.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
     rescue.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
     let backoff_ms = i64::try_from(config.retry_backoff.as_millis()).unwrap_or(i64::MAX);
@@ -55,6 +56,11 @@ pub async fn run(broker: Broker, config: MaintenanceConfig, shutdown: Cancellati
                 }
                 Ok(_) => {}
                 Err(e) => tracing::warn!(error = %e, "lease recovery failed"),
+            },
+            _ = dead.tick() => match broker.store().worker_mark_dead(now_ms()).await {
+                Ok(0) => {}
+                Ok(n) => tracing::warn!(workers = n, "workers stopped heartbeating: marked dead"),
+                Err(e) => tracing::warn!(error = %e, "marking dead workers failed"),
             },
         }
     }

@@ -492,3 +492,109 @@ impl Client {
         raw.json()["result"].clone()
     }
 }
+
+/// A `taskbroker worker` process on a server's database. SIGKILLed when
+/// dropped.
+pub struct WorkerProc {
+    pub child: Child,
+    pub log: PathBuf,
+}
+
+impl WorkerProc {
+    /// Start `taskbroker worker --db <server db>` with `extra` flags; its
+    /// log goes to `<server dir>/worker-<n>.log`.
+    pub fn start(server: &Server, n: usize, extra: &[&str]) -> Self {
+        let log = server.dir.join(format!("worker-{n}.log"));
+        let file = std::fs::OpenOptions::new()
+            .create(true)
+            .append(true)
+            .open(&log)
+            .unwrap();
+        let child = Command::new(env!("CARGO_BIN_EXE_taskbroker"))
+            .arg("worker")
+            .arg("--db")
+            .arg(server.db())
+            .args(extra)
+            .env("RUST_LOG", "info,sqlx=warn")
+            .stdout(Stdio::null())
+            .stderr(Stdio::from(file))
+            .spawn()
+            .expect("worker starts");
+        Self { child, log }
+    }
+
+    pub fn pid(&self) -> i32 {
+        self.child.id() as i32
+    }
+
+    /// SIGKILL and reap.
+    pub fn kill9(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+
+    /// SIGTERM (graceful stop); does not wait.
+    pub fn term(&self) {
+        let _ = Command::new("kill")
+            .arg("-TERM")
+            .arg(self.pid().to_string())
+            .status();
+    }
+
+    pub fn log(&self) -> String {
+        std::fs::read_to_string(&self.log).unwrap_or_default()
+    }
+}
+
+impl Drop for WorkerProc {
+    fn drop(&mut self) {
+        self.kill9();
+    }
+}
+
+impl Server {
+    /// Start a server whose config file (written into its directory) holds
+    /// `config`; `extra` flags as in [`Server::start`].
+    pub fn start_with_config(config: &str, extra: &[&str]) -> Self {
+        let dir = tempfile::Builder::new()
+            .prefix("taskbroker-test-")
+            .tempdir()
+            .expect("tempdir");
+        let path = dir.path().to_path_buf();
+        let config = config.replace("@DIR@", &path.display().to_string());
+        std::fs::write(path.join("taskbroker.toml"), config).unwrap();
+        let cfg = path.join("taskbroker.toml").display().to_string();
+        let mut args: Vec<&str> = vec!["--config", &cfg];
+        args.extend_from_slice(extra);
+        let args: Vec<String> = args.iter().map(|s| s.to_string()).collect();
+        let refs: Vec<&str> = args.iter().map(String::as_str).collect();
+        Self::start_in(Some(dir), path, &refs)
+    }
+
+    /// The config file written by [`Server::start_with_config`].
+    pub fn config_path(&self) -> String {
+        self.dir.join("taskbroker.toml").display().to_string()
+    }
+
+    /// A read-only pool on the database, as an operator's sqlite3 would be.
+    pub async fn read_db(&self) -> sqlx::SqlitePool {
+        sqlx::SqlitePool::connect_with(
+            sqlx::sqlite::SqliteConnectOptions::new()
+                .filename(self.db())
+                .read_only(true),
+        )
+        .await
+        .expect("open database read-only")
+    }
+}
+
+/// Whether a process is alive (and not a zombie).
+pub fn pid_alive(pid: i32) -> bool {
+    match std::fs::read_to_string(format!("/proc/{pid}/stat")) {
+        Ok(stat) => !stat
+            .rsplit_once(')')
+            .map(|(_, rest)| rest.trim_start().starts_with('Z'))
+            .unwrap_or(false),
+        Err(_) => false,
+    }
+}

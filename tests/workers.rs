@@ -1,0 +1,483 @@
+//! Worker processes against real processes: chaos with kill -9, exactly-once
+//! visible completion, cancellation reaching the tool process, graceful
+//! SIGTERM release, schema checks, the workers table.
+
+#![allow(clippy::unwrap_used)] // tests: a failed unwrap is a failed test
+
+mod common;
+
+use std::collections::{HashMap, HashSet};
+use std::process::Command;
+use std::time::{Duration, Instant};
+
+use common::{Server, WorkerProc, pid_alive};
+use serde_json::{Value, json};
+
+/// A command tool that records the start and end of every execution
+/// (task id, attempt) in a file, and returns the attempt it ran as.
+const RECORDING_TOOL: &str = r#"
+[[tool]]
+name = "record"
+description = "Record each execution in a file"
+command = ["sh", "-c", "echo \"start $TASKBROKER_TASK_ID $TASKBROKER_ATTEMPT\" >> \"$RECORD\"; sleep 0.1; echo \"end $TASKBROKER_TASK_ID $TASKBROKER_ATTEMPT\" >> \"$RECORD\"; echo \"ran as attempt $TASKBROKER_ATTEMPT\""]
+task_support = "required"
+max_attempts = 20
+env = { RECORD = "@DIR@/executions.log" }
+
+[[tool]]
+name = "hang"
+description = "Write its pid, then sleep for a minute"
+command = ["sh", "-c", "echo $$ > \"@DIR@/hang.$TASKBROKER_TASK_ID.pid\"; exec sleep 60"]
+task_support = "required"
+max_attempts = 1
+
+[[tool]]
+name = "slow"
+description = "Sleep for the given seconds"
+command = ["sh", "-c", "sleep \"$(cat | sed 's/[^0-9.]//g')\"; echo \"slow done on attempt $TASKBROKER_ATTEMPT\""]
+task_support = "required"
+input_schema = { type = "object", properties = { s = { type = "number" } }, required = ["s"] }
+"#;
+
+fn id(t: &Value) -> String {
+    t["taskId"].as_str().unwrap().to_owned()
+}
+
+/// Acceptance: 1,000 tasks, 3 worker processes, one killed -9 every few
+/// hundred ms and replaced. Every task ends terminal, none is lost, none
+/// completes twice, reruns show their attempt numbers, and no attempt of a
+/// job ever ran twice (T-22 fencing, lease recovery).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn chaos_kill9_workers_exactly_once_visible_completion() {
+    let server = Server::start_with_config(
+        RECORDING_TOOL,
+        &["--workers", "0", "--durability", "normal"],
+    );
+    let cfg = server.config_path();
+    let flags = [
+        "--config",
+        &cfg,
+        "--lease",
+        "1",
+        "--concurrency",
+        "4",
+        "--grace",
+        "0",
+    ];
+    let mut workers: Vec<WorkerProc> = (0..3)
+        .map(|n| WorkerProc::start(&server, n, &flags))
+        .collect();
+    let mut c = server.client().await;
+    let mut ids = Vec::new();
+    for _ in 0..1000 {
+        ids.push(id(&c.call_task("record", json!({})).await));
+    }
+    // Chaos: kill a random worker every 300 ms and start a new one, until
+    // every task is terminal.
+    let db = server.read_db().await;
+    let mut next = 3;
+    let mut kills = 0;
+    let mut seed: u64 = 0x2545_f491_4f6c_dd1d;
+    let deadline = Instant::now() + Duration::from_secs(240);
+    loop {
+        let open: i64 = sqlx::query_scalar(
+            "SELECT count(*) FROM tasks WHERE status IN ('working', 'input_required')",
+        )
+        .fetch_one(&db)
+        .await
+        .unwrap();
+        if open == 0 {
+            break;
+        }
+        assert!(Instant::now() < deadline, "{open} tasks still open");
+        tokio::time::sleep(Duration::from_millis(300)).await;
+        if kills < 40 {
+            seed ^= seed << 13;
+            seed ^= seed >> 7;
+            seed ^= seed << 17;
+            let victim = (seed % workers.len() as u64) as usize;
+            workers[victim].kill9();
+            workers[victim] = WorkerProc::start(&server, next, &flags);
+            next += 1;
+            kills += 1;
+        }
+    }
+    // Outcomes as the client sees them.
+    let mut completed = 0;
+    let mut failed = 0;
+    let mut recorded_attempt: HashMap<String, i64> = HashMap::new();
+    for task_id in &ids {
+        let task = c.ok("tasks/get", json!({"taskId": task_id})).await;
+        match task["status"].as_str().unwrap() {
+            "completed" => completed += 1,
+            "failed" => failed += 1,
+            other => panic!("task {task_id} ended {other}"),
+        }
+        if task["status"] == "completed" {
+            let r = c.ok("tasks/result", json!({"taskId": task_id})).await;
+            let text = r["content"][0]["text"].as_str().unwrap().trim().to_owned();
+            let attempt: i64 = text.trim_start_matches("ran as attempt ").parse().unwrap();
+            recorded_attempt.insert(task_id.clone(), attempt);
+        }
+    }
+    // One terminal transition per task in the history (no double completion).
+    let terminal: Vec<(String, i64)> = sqlx::query_as(
+        "SELECT task_id, count(*) FROM task_events WHERE to_status IN ('completed','failed','cancelled') GROUP BY task_id",
+    )
+    .fetch_all(&db)
+    .await
+    .unwrap();
+    assert_eq!(terminal.len(), 1000, "every task has a terminal transition");
+    assert!(
+        terminal.iter().all(|(_, n)| *n == 1),
+        "a task completed twice"
+    );
+
+    // Execution records: no attempt started twice; the recorded outcome is
+    // the outcome of the job's last attempt, which really ran to its end.
+    let log = std::fs::read_to_string(server.dir.join("executions.log")).unwrap();
+    let mut starts: HashSet<(String, i64)> = HashSet::new();
+    let mut ends: HashSet<(String, i64)> = HashSet::new();
+    let mut runs: HashMap<String, usize> = HashMap::new();
+    for line in log.lines() {
+        let mut parts = line.split(' ');
+        let (kind, task, attempt) = (
+            parts.next().unwrap(),
+            parts.next().unwrap(),
+            parts.next().unwrap(),
+        );
+        let key = (task.to_owned(), attempt.parse::<i64>().unwrap());
+        if kind == "start" {
+            assert!(starts.insert(key), "attempt started twice: {line}");
+            *runs.entry(task.to_owned()).or_default() += 1;
+        } else {
+            ends.insert(key);
+        }
+    }
+    let final_attempts: HashMap<String, i64> = sqlx::query_as::<_, (String, i64)>(
+        "SELECT t.task_id, j.attempt FROM tasks t JOIN jobs j ON j.task_seq = t.seq",
+    )
+    .fetch_all(&db)
+    .await
+    .unwrap()
+    .into_iter()
+    .collect();
+    for (task, attempt) in &recorded_attempt {
+        assert_eq!(
+            final_attempts[task], *attempt,
+            "task {task}: result of a stale attempt"
+        );
+        assert!(
+            ends.contains(&(task.clone(), *attempt)),
+            "task {task}: recorded attempt never finished"
+        );
+    }
+    let reran: Vec<_> = runs.iter().filter(|(_, n)| **n > 1).collect();
+    for (task, n) in &reran {
+        // Attempt numbers show why: 1..=n, each a distinct attempt.
+        let attempts: HashSet<i64> = starts
+            .iter()
+            .filter(|(t, _)| t == *task)
+            .map(|(_, a)| *a)
+            .collect();
+        assert_eq!(attempts.len(), **n);
+    }
+    let lost_leases = log.lines().filter(|l| l.starts_with("start")).count() - ends.len();
+    eprintln!(
+        "chaos: 1000 tasks, {kills} workers killed: {completed} completed, {failed} failed, \
+         {} ran more than once, {} executions, {lost_leases} cut short",
+        reran.len(),
+        starts.len()
+    );
+    assert_eq!(completed + failed, 1000);
+    assert!(completed > 900, "too many failures: {failed}");
+}
+
+/// Acceptance: cancel of a running task stops the tool process (T-21), the
+/// task stays cancelled (T-22), and the job is not retried. Prints the
+/// measured delay from the cancel response to the process being gone.
+#[tokio::test]
+async fn cancel_stops_the_tool_process_quickly_and_is_not_retried() {
+    let server = Server::start_with_config(RECORDING_TOOL, &["--workers", "0"]);
+    let cfg = server.config_path();
+    let _w = WorkerProc::start(&server, 0, &["--config", &cfg, "--lease", "3"]);
+    let mut c = server.client().await;
+    let task_id = id(&c.call_task("hang", json!({})).await);
+    let pid_file = server.dir.join(format!("hang.{task_id}.pid"));
+    let deadline = Instant::now() + Duration::from_secs(15);
+    let pid: i32 = loop {
+        if let Ok(text) = std::fs::read_to_string(&pid_file)
+            && let Ok(pid) = text.trim().parse()
+        {
+            break pid;
+        }
+        assert!(Instant::now() < deadline, "tool never started");
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    };
+    assert!(pid_alive(pid));
+    let cancelled = c.ok("tasks/cancel", json!({"taskId": task_id})).await;
+    let t0 = Instant::now();
+    assert_eq!(cancelled["status"], "cancelled");
+    while pid_alive(pid) {
+        assert!(
+            t0.elapsed() < Duration::from_secs(3),
+            "tool process still alive after 3 s"
+        );
+        tokio::time::sleep(Duration::from_millis(5)).await;
+    }
+    eprintln!("cancel -> tool process gone in {:?}", t0.elapsed());
+    // The heartbeat is every lease/3 = 1 s; the change feed is faster.
+    assert!(
+        t0.elapsed() < Duration::from_millis(1000),
+        "slower than one heartbeat: {:?}",
+        t0.elapsed()
+    );
+    tokio::time::sleep(Duration::from_secs(4)).await;
+    assert_eq!(
+        c.ok("tasks/get", json!({"taskId": task_id})).await["status"],
+        "cancelled"
+    );
+    let db = server.read_db().await;
+    let (state, attempt, cancel): (String, i64, i64) = sqlx::query_as(
+        "SELECT j.state, j.attempt, j.cancel_requested FROM jobs j JOIN tasks t ON t.seq = j.task_seq WHERE t.task_id = ?",
+    )
+    .bind(&task_id)
+    .fetch_one(&db)
+    .await
+    .unwrap();
+    assert_eq!(
+        (state.as_str(), attempt, cancel),
+        ("done", 1, 1),
+        "job closed, not retried"
+    );
+}
+
+/// Acceptance: SIGTERM of a worker with jobs in flight. A job that fits in
+/// the grace period finishes there; one that does not is released and taken
+/// by another worker at once, long before its 30 s lease would expire.
+#[tokio::test]
+async fn sigterm_finishes_or_releases_jobs_to_another_worker_at_once() {
+    let server = Server::start_with_config(RECORDING_TOOL, &["--workers", "0"]);
+    let cfg = server.config_path();
+    let a = WorkerProc::start(
+        &server,
+        0,
+        &[
+            "--config",
+            &cfg,
+            "--lease",
+            "30",
+            "--grace",
+            "1.5",
+            "--concurrency",
+            "2",
+        ],
+    );
+    let mut c = server.client().await;
+    let short = id(&c.call_task("slow", json!({"s": 0.5})).await);
+    let long = id(&c.call_task("slow", json!({"s": 4})).await);
+    let db = server.read_db().await;
+    let running = || async {
+        let n: i64 = sqlx::query_scalar("SELECT count(*) FROM jobs WHERE state = 'running'")
+            .fetch_one(&db)
+            .await
+            .unwrap();
+        n
+    };
+    let deadline = Instant::now() + Duration::from_secs(15);
+    while running().await < 2 {
+        assert!(Instant::now() < deadline, "jobs never started on worker A");
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    let _b = WorkerProc::start(&server, 1, &["--config", &cfg, "--lease", "30"]);
+    a.term();
+    let t0 = Instant::now();
+    let done_short = c.wait_terminal(&short, Duration::from_secs(10)).await;
+    assert_eq!(done_short["status"], "completed");
+    let r = c.ok("tasks/result", json!({"taskId": short})).await;
+    assert_eq!(
+        r["content"][0]["text"], "slow done on attempt 1\n",
+        "finished on A within the grace period"
+    );
+    let done_long = c.wait_terminal(&long, Duration::from_secs(20)).await;
+    assert_eq!(done_long["status"], "completed");
+    let r = c.ok("tasks/result", json!({"taskId": long})).await;
+    assert_eq!(
+        r["content"][0]["text"], "slow done on attempt 2\n",
+        "released by A, rerun by B"
+    );
+    // grace 1.5 s + a rerun of 4 s; the 30 s lease never came into it.
+    assert!(
+        t0.elapsed() < Duration::from_secs(10),
+        "took {:?}",
+        t0.elapsed()
+    );
+    let log = a.log();
+    assert!(
+        log.contains("job released: queued for another worker"),
+        "{log}"
+    );
+    let state: String = sqlx::query_scalar("SELECT state FROM workers WHERE pid = ?")
+        .bind(a.pid())
+        .fetch_one(&db)
+        .await
+        .unwrap();
+    assert_eq!(state, "stopped");
+}
+
+/// Acceptance: workers never migrate; a schema newer or older than they
+/// know is refused with a clear error, and `migrate` brings an old one up.
+#[tokio::test]
+async fn worker_refuses_newer_or_older_schemas() {
+    let dir = tempfile::tempdir().unwrap();
+    let db = dir.path().join("broker.db");
+    let worker = |db: &std::path::Path| {
+        Command::new(env!("CARGO_BIN_EXE_taskbroker"))
+            .args(["worker", "--db"])
+            .arg(db)
+            .output()
+            .unwrap()
+    };
+    let migrate = |db: &std::path::Path| {
+        let out = Command::new(env!("CARGO_BIN_EXE_taskbroker"))
+            .args(["migrate", "--db"])
+            .arg(db)
+            .output()
+            .unwrap();
+        assert!(out.status.success());
+        String::from_utf8(out.stdout).unwrap()
+    };
+    // No database at all.
+    let out = worker(&db);
+    assert!(!out.status.success());
+    assert!(String::from_utf8_lossy(&out.stderr).contains("does not exist"));
+    assert!(!db.exists(), "the worker created nothing");
+
+    migrate(&db);
+    let pool =
+        sqlx::SqlitePool::connect_with(sqlx::sqlite::SqliteConnectOptions::new().filename(&db))
+            .await
+            .unwrap();
+    // Newer: a migration this build does not know.
+    sqlx::query("INSERT INTO refinery_schema_history (version, name, applied_on, checksum) VALUES (99, 'future', '2030-01-01T00:00:00Z', '1')")
+        .execute(&pool)
+        .await
+        .unwrap();
+    let out = worker(&db);
+    assert!(!out.status.success());
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        err.contains("version 99, newer than this taskbroker knows"),
+        "{err}"
+    );
+
+    // Older: only V1 applied (built from the V1 file and its recorded row).
+    let v1: (i64, String, String, String) = sqlx::query_as(
+        "SELECT version, name, applied_on, checksum FROM refinery_schema_history WHERE version = 1",
+    )
+    .fetch_one(&pool)
+    .await
+    .unwrap();
+    pool.close().await;
+    let old = dir.path().join("old.db");
+    let pool = sqlx::SqlitePool::connect_with(
+        sqlx::sqlite::SqliteConnectOptions::new()
+            .filename(&old)
+            .create_if_missing(true),
+    )
+    .await
+    .unwrap();
+    sqlx::raw_sql(include_str!("../migrations/V1__init.sql"))
+        .execute(&pool)
+        .await
+        .unwrap();
+    sqlx::raw_sql(
+        "CREATE TABLE refinery_schema_history (version int4 PRIMARY KEY, name VARCHAR(255), applied_on VARCHAR(255), checksum VARCHAR(255))",
+    )
+    .execute(&pool)
+    .await
+    .unwrap();
+    sqlx::query("INSERT INTO refinery_schema_history VALUES (?, ?, ?, ?)")
+        .bind(v1.0)
+        .bind(&v1.1)
+        .bind(&v1.2)
+        .bind(&v1.3)
+        .execute(&pool)
+        .await
+        .unwrap();
+    pool.close().await;
+    let out = worker(&old);
+    assert!(!out.status.success());
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        err.contains("older than this taskbroker's") && err.contains("taskbroker migrate"),
+        "{err}"
+    );
+    assert!(migrate(&old).contains("1 migration(s) applied"));
+}
+
+/// The workers table shows live pools, marks a killed one dead after two
+/// missed leases, and a cleanly stopped one stopped.
+#[tokio::test]
+async fn workers_table_tracks_live_stopped_and_dead_workers() {
+    let server = Server::start_with_config(RECORDING_TOOL, &["--workers", "1", "--lease", "1"]);
+    let cfg = server.config_path();
+    let mut killed = WorkerProc::start(&server, 0, &["--config", &cfg, "--lease", "1"]);
+    let stopped = WorkerProc::start(&server, 1, &["--config", &cfg, "--lease", "1"]);
+    let db = server.read_db().await;
+    let state_of = |pid: i32| {
+        let db = db.clone();
+        async move {
+            sqlx::query_scalar::<_, String>("SELECT state FROM v_workers WHERE pid = ?")
+                .bind(pid)
+                .fetch_optional(&db)
+                .await
+                .unwrap()
+        }
+    };
+    let wait_state = |pid: i32, want: &'static str| async move {
+        let deadline = Instant::now() + Duration::from_secs(15);
+        loop {
+            let s = state_of(pid).await;
+            if s.as_deref() == Some(want) {
+                return;
+            }
+            assert!(
+                Instant::now() < deadline,
+                "worker {pid}: {s:?}, wanted {want}"
+            );
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
+    };
+    wait_state(killed.pid(), "live").await;
+    wait_state(stopped.pid(), "live").await;
+    let kinds: Vec<String> = sqlx::query_scalar("SELECT kind FROM v_workers ORDER BY kind")
+        .fetch_all(&db)
+        .await
+        .unwrap();
+    assert_eq!(kinds, ["embedded", "process", "process"]);
+    killed.kill9();
+    stopped.term();
+    wait_state(stopped.pid(), "stopped").await;
+    wait_state(killed.pid(), "dead").await;
+}
+
+/// Claims read the partial index on queued jobs, so finished rows cost
+/// nothing.
+#[tokio::test]
+async fn claim_query_uses_the_partial_index_on_queued_jobs() {
+    let server = Server::start(&["--workers", "0"]);
+    let db = server.read_db().await;
+    let plan: Vec<(i64, i64, i64, String)> = sqlx::query_as(
+        "EXPLAIN QUERY PLAN SELECT task_seq FROM jobs WHERE state = 'queued' AND run_after <= 0 ORDER BY priority, task_seq LIMIT 8",
+    )
+    .fetch_all(&db)
+    .await
+    .unwrap();
+    let text: Vec<&str> = plan.iter().map(|r| r.3.as_str()).collect();
+    assert!(text.iter().any(|d| d.contains("jobs_queued")), "{text:?}");
+    assert!(
+        !text.iter().any(|d| d.contains("TEMP B-TREE")),
+        "no sort: {text:?}"
+    );
+}
