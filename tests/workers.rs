@@ -413,7 +413,10 @@ async fn worker_refuses_newer_or_older_schemas() {
         err.contains("older than this taskbroker's") && err.contains("taskbroker migrate"),
         "{err}"
     );
-    assert!(migrate(&old).contains("1 migration(s) applied"));
+    let files = std::fs::read_dir(concat!(env!("CARGO_MANIFEST_DIR"), "/migrations"))
+        .unwrap()
+        .count();
+    assert!(migrate(&old).contains(&format!("{} migration(s) applied", files - 1)));
 }
 
 /// The workers table shows live pools, marks a killed one dead after two

@@ -1,5 +1,6 @@
-//! The change feed: one tailer per process reads new `task_events` rows and
-//! broadcasts them, so waiters (tasks/result) never poll the database each.
+//! The change feed: one tailer per process reads new `task_progress` and
+//! `task_events` rows and broadcasts them, so waiters (tasks/result streams,
+//! running jobs) never poll the database each.
 //!
 //! The tailer wakes on a short tick and reads rows only when `PRAGMA
 //! data_version` says another connection committed (any process), or at once
@@ -11,7 +12,26 @@ use std::time::Duration;
 use tokio::sync::{Notify, broadcast};
 use tokio_util::sync::CancellationToken;
 
-use crate::store::{Store, TaskEvent};
+use crate::store::{ProgressEvent, Store, TaskEvent};
+
+/// One change the feed reports.
+#[derive(Debug, Clone)]
+pub enum FeedEvent {
+    /// A status transition (a `task_events` row).
+    Status(TaskEvent),
+    /// A progress report of a running task (a `task_progress` row).
+    Progress(ProgressEvent),
+}
+
+impl FeedEvent {
+    /// The task it concerns.
+    pub fn task_id(&self) -> &str {
+        match self {
+            Self::Status(e) => &e.task_id,
+            Self::Progress(p) => &p.task_id,
+        }
+    }
+}
 
 /// Rows read per query while catching up.
 const BATCH: i64 = 1000;
@@ -22,7 +42,7 @@ const IDLE_STEPS: u32 = 40;
 /// Handle to the feed: subscribe to events, or kick the tailer.
 #[derive(Debug, Clone)]
 pub struct Feed {
-    events: broadcast::Sender<Arc<TaskEvent>>,
+    events: broadcast::Sender<Arc<FeedEvent>>,
     kick: Arc<Notify>,
     /// Notified whenever the tailer sees a commit by any connection.
     changed: Arc<Notify>,
@@ -40,7 +60,7 @@ impl Feed {
     }
 
     /// Receive every event from now on.
-    pub fn subscribe(&self) -> broadcast::Receiver<Arc<TaskEvent>> {
+    pub fn subscribe(&self) -> broadcast::Receiver<Arc<FeedEvent>> {
         self.events.subscribe()
     }
 
@@ -63,6 +83,7 @@ impl Feed {
     ) -> Result<tokio::task::JoinHandle<()>, crate::store::StoreError> {
         let mut conn = store.dedicated_reader().await?;
         let mut last_id = store.task_events_head().await?;
+        let mut last_progress = store.task_progress_head().await?;
         let mut version = store.data_version(&mut conn).await?;
         let feed = self.clone();
         Ok(tokio::spawn(async move {
@@ -90,14 +111,37 @@ impl Feed {
                         continue;
                     }
                 }
+                // Progress first: what a task reported before it ended is
+                // delivered before its end.
+                loop {
+                    match store
+                        .task_progress_since(&mut conn, last_progress, BATCH)
+                        .await
+                    {
+                        Ok(rows) => {
+                            let n = rows.len();
+                            for row in rows {
+                                last_progress = row.id;
+                                // No receivers is fine: nobody waits.
+                                let _ = feed.events.send(Arc::new(FeedEvent::Progress(row)));
+                            }
+                            if (n as i64) < BATCH {
+                                break;
+                            }
+                        }
+                        Err(e) => {
+                            tracing::warn!(error = %e, "change feed: progress read failed");
+                            break;
+                        }
+                    }
+                }
                 loop {
                     match store.task_events_since(&mut conn, last_id, BATCH).await {
                         Ok(rows) => {
                             let n = rows.len();
                             for row in rows {
                                 last_id = row.id;
-                                // No receivers is fine: nobody waits.
-                                let _ = feed.events.send(Arc::new(row));
+                                let _ = feed.events.send(Arc::new(FeedEvent::Status(row)));
                             }
                             if (n as i64) < BATCH {
                                 break;

@@ -66,7 +66,17 @@ pub async fn run(broker: Broker, config: MaintenanceConfig, shutdown: Cancellati
     }
 }
 
+/// Progress rows are kept this long for waiters to read.
+const KEEP_PROGRESS_MS: i64 = 10 * 60 * 1000;
+
 async fn purge_expired(broker: &Broker, batch: i64) {
+    if let Err(e) = broker
+        .store()
+        .task_progress_prune(now_ms() - KEEP_PROGRESS_MS)
+        .await
+    {
+        tracing::warn!(error = %e, "progress prune failed");
+    }
     loop {
         match broker.store().task_purge_expired(now_ms(), batch).await {
             Ok(0) => return,

@@ -11,14 +11,16 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use serde_json::{Map, Value};
-use tokio::sync::{Notify, broadcast};
+use tokio::sync::{Notify, broadcast, mpsc};
 
 use crate::clock::now_ms;
 use crate::mcp::{ErrorCode, RpcError};
-use crate::store::{CancelOutcome, NewJob, NewTask, Store, StoreError, TaskOutcome, TaskRow};
+use crate::store::{
+    CancelOutcome, NewJob, NewTask, ProgressEvent, Store, StoreError, TaskOutcome, TaskRow,
+};
 use crate::tools::{Registry, TaskSupport, Tool, ToolOutcome};
 
-pub use feed::Feed;
+pub use feed::{Feed, FeedEvent};
 pub use status::TaskStatus;
 
 /// Limits and defaults of task handling.
@@ -62,6 +64,8 @@ pub struct Task {
     pub ttl_ms: Option<i64>,
     /// Suggested polling interval.
     pub poll_interval_ms: Option<i64>,
+    /// The caller's progressToken, kept for the task's life (T-32).
+    pub progress_token: Option<Value>,
 }
 
 /// What tasks/result finds.
@@ -155,6 +159,10 @@ fn task_from_row(row: &TaskRow) -> Task {
         updated_at: row.updated_at,
         ttl_ms: row.ttl_ms,
         poll_interval_ms: row.poll_interval_ms,
+        progress_token: row
+            .progress_token
+            .as_deref()
+            .and_then(|t| serde_json::from_str(t).ok()),
     }
 }
 
@@ -338,11 +346,13 @@ impl Broker {
 
     /// tasks/result: wait until the task is terminal (T-14), then its outcome.
     /// Woken by the change feed; re-reads the row now and then in case it
-    /// expired while waiting.
+    /// expired while waiting. Progress the task reports meanwhile goes to
+    /// `progress` (T-32), and stops once it is terminal.
     pub async fn tasks_result_wait(
         &self,
         owner: &str,
         task_id: &str,
+        progress: Option<mpsc::UnboundedSender<ProgressEvent>>,
     ) -> Result<TaskResult, BrokerError> {
         let mut events = self.feed.subscribe();
         loop {
@@ -356,8 +366,15 @@ impl Broker {
                 tokio::select! {
                     _ = &mut deadline => break,
                     event = events.recv() => match event {
-                        Ok(e) if e.task_id == task_id => break,
-                        Ok(_) => continue,
+                        Ok(e) if e.task_id() != task_id => continue,
+                        Ok(e) => match e.as_ref() {
+                            FeedEvent::Progress(p) => {
+                                if let Some(tx) = &progress {
+                                    let _ = tx.send(p.clone());
+                                }
+                            }
+                            FeedEvent::Status(_) => break,
+                        },
                         Err(broadcast::error::RecvError::Lagged(_)) => break,
                         Err(broadcast::error::RecvError::Closed) => {
                             return Err(BrokerError::Store(StoreError::Db(sqlx::Error::PoolClosed)));

@@ -14,6 +14,7 @@ use crate::broker::{Task, TaskResult};
 use crate::mcp::{
     self, CallToolParams, ErrorCode, PaginatedParams, RpcError, TaskIdParams, parse_params,
 };
+use crate::store::ProgressEvent;
 use crate::tools::{LogLevel, ToolOutcome};
 
 /// Something to put on a request's SSE stream before its response.
@@ -234,10 +235,41 @@ async fn tasks_result(state: &AppState, session: &Arc<Session>, params: Option<&
         }
     }
     // T-14: block until terminal; the transport streams this over SSE with
-    // keep-alives when the client accepts it.
+    // keep-alives when the client accepts it, with the task's progress as
+    // notifications/progress under its original token (T-32).
+    let token = match state.broker.tasks_get(&owner, &p.task_id).await {
+        Ok(task) => task.progress_token,
+        Err(e) => return Reply::err(e.to_rpc("retrieve")),
+    };
+    let (items_tx, items) = mpsc::unbounded_channel();
+    let (progress_tx, mut progress) = mpsc::unbounded_channel::<ProgressEvent>();
+    if let Some(token) = token {
+        tokio::spawn(async move {
+            while let Some(p) = progress.recv().await {
+                let mut params = Map::new();
+                params.insert("progressToken".into(), token.clone());
+                params.insert("progress".into(), json!(p.progress));
+                if let Some(total) = p.total {
+                    params.insert("total".into(), json!(total));
+                }
+                if let Some(message) = &p.message {
+                    params.insert("message".into(), json!(message));
+                }
+                // T-28: notifications about a task carry related-task _meta.
+                params.insert("_meta".into(), mcp::related_task_meta(&p.task_id));
+                let note = mcp::notification("notifications/progress", Value::Object(params));
+                if items_tx.send(StreamItem::Message(note)).is_err() {
+                    break;
+                }
+            }
+        });
+    }
     let broker = state.broker.clone();
     let outcome = async move {
-        match broker.tasks_result_wait(&owner, &p.task_id).await {
+        match broker
+            .tasks_result_wait(&owner, &p.task_id, Some(progress_tx))
+            .await
+        {
             Ok(done) => result_reply(&p.task_id, done),
             Err(e) => {
                 log_broker_error(&e);
@@ -246,7 +278,7 @@ async fn tasks_result(state: &AppState, session: &Arc<Session>, params: Option<&
         }
     };
     Reply::Later {
-        items: None,
+        items: Some(items),
         outcome: Box::pin(outcome),
         // Waiting needs nobody once the client has gone.
         resumable: false,

@@ -24,7 +24,7 @@ use sqlx::sqlite::{
 
 pub use jobs::{ClaimedJob, HeartbeatOutcome, RescueReport};
 pub use sessions::{NewSession, SessionRow};
-pub use tasks::{CancelOutcome, NewJob, NewTask, TaskEvent, TaskOutcome, TaskRow};
+pub use tasks::{CancelOutcome, NewJob, NewTask, ProgressEvent, TaskEvent, TaskOutcome, TaskRow};
 pub use workers::NewWorker;
 
 /// Statement used to open every write transaction.

@@ -89,6 +89,21 @@ pub enum CancelOutcome {
     NotFound,
 }
 
+/// A progress report of a running task, from the change feed.
+#[derive(Debug, Clone)]
+pub struct ProgressEvent {
+    /// Feed position (in `task_progress`).
+    pub id: i64,
+    /// The task.
+    pub task_id: String,
+    /// Increases with every report.
+    pub progress: f64,
+    /// Known total.
+    pub total: Option<f64>,
+    /// What is happening.
+    pub message: Option<String>,
+}
+
 /// A row of the change feed.
 #[derive(Debug, Clone)]
 pub struct TaskEvent {
@@ -281,6 +296,88 @@ impl Store {
             return Err(StoreError::LeaseLost);
         }
         Ok(())
+    }
+
+    /// Record progress of a running task (its statusMessage shows it, and
+    /// the progress feed carries it to waiting clients), if the caller still
+    /// holds the job's lease and the task is not terminal.
+    pub async fn task_record_progress(
+        &self,
+        task_seq: i64,
+        lease_token: &str,
+        progress: f64,
+        total: Option<f64>,
+        message: &str,
+        now: i64,
+    ) -> Result<(), StoreError> {
+        let mut tx = self.write.begin_with(BEGIN_IMMEDIATE).await?;
+        let done = sqlx::query!(
+            "UPDATE tasks SET status_message = ?, updated_at = MAX(updated_at, ?)
+              WHERE seq = ? AND status IN ('working', 'input_required')
+                AND EXISTS (SELECT 1 FROM jobs WHERE task_seq = ? AND lease_token = ?)",
+            message,
+            now,
+            task_seq,
+            task_seq,
+            lease_token
+        )
+        .execute(&mut *tx)
+        .await?;
+        if done.rows_affected() == 0 {
+            tx.rollback().await?;
+            return Err(StoreError::LeaseLost);
+        }
+        sqlx::query!(
+            "INSERT INTO task_progress (task_seq, task_id, progress, total, message, at)
+             SELECT seq, task_id, ?, ?, ?, ? FROM tasks WHERE seq = ?",
+            progress,
+            total,
+            message,
+            now,
+            task_seq
+        )
+        .execute(&mut *tx)
+        .await?;
+        tx.commit().await?;
+        Ok(())
+    }
+
+    /// Progress-feed rows after `after_id`, oldest first.
+    pub async fn task_progress_since(
+        &self,
+        conn: &mut sqlx::SqliteConnection,
+        after_id: i64,
+        limit: i64,
+    ) -> Result<Vec<ProgressEvent>, StoreError> {
+        let rows = sqlx::query_as!(
+            ProgressEvent,
+            r#"SELECT id AS "id!", task_id, progress, total, message FROM task_progress
+                WHERE id > ? ORDER BY id LIMIT ?"#,
+            after_id,
+            limit
+        )
+        .fetch_all(conn)
+        .await?;
+        Ok(rows)
+    }
+
+    /// The newest progress-feed position (0 when empty).
+    pub async fn task_progress_head(&self) -> Result<i64, StoreError> {
+        let head = sqlx::query_scalar!(
+            r#"SELECT COALESCE(MAX(id), 0) AS "head!: i64" FROM task_progress"#
+        )
+        .fetch_one(&self.read)
+        .await?;
+        Ok(head)
+    }
+
+    /// Delete progress rows older than `before` (they were delivered or
+    /// nobody waited).
+    pub async fn task_progress_prune(&self, before: i64) -> Result<u64, StoreError> {
+        let done = sqlx::query!("DELETE FROM task_progress WHERE at < ?", before)
+            .execute(&self.write)
+            .await?;
+        Ok(done.rows_affected())
     }
 
     /// Delete up to `limit` tasks whose ttl has passed (their jobs and

@@ -8,6 +8,9 @@
 //!   anything else is text. Output beyond the cap is cut, and the cut said.
 //! - exit 0 = success; non-zero = `isError: true` with the tail of stderr;
 //!   a timeout fails the call with a message that says so.
+//! - progress, logs and status: JSON lines written to the file descriptor
+//!   named by `TASKBROKER_EVENTS_FD` (`{"progress":3,"total":10,
+//!   "message":"..."}`, `{"log":"...","level":"info"}`, `{"status":"..."}`).
 //! - the program runs in its own process group; cancellation and timeout
 //!   send TERM to the whole group, then KILL after a grace period.
 
@@ -16,12 +19,13 @@ use std::path::PathBuf;
 use std::process::Stdio;
 use std::time::Duration;
 
+use command_fds::{CommandFdExt, FdMapping};
 use nix::sys::signal::{Signal, killpg};
 use nix::unistd::Pid;
 use serde_json::{Value, json};
 use tokio::io::{AsyncRead, AsyncReadExt, AsyncWriteExt};
 
-use super::{Tool, ToolContext, ToolDefinition, ToolFuture, ToolOutcome};
+use super::{LogLevel, Tool, ToolContext, ToolDefinition, ToolFuture, ToolOutcome};
 use crate::mcp::{ErrorCode, RpcError};
 
 /// How to run one command tool.
@@ -43,6 +47,10 @@ pub struct CommandSpec {
 
 /// Bytes of stderr kept for an error result.
 const STDERR_TAIL: usize = 4096;
+/// The descriptor number events are written to, in the child.
+const EVENTS_FD: i32 = 3;
+/// Longest events line read; longer ones are skipped.
+const EVENT_LINE_MAX: usize = 64 * 1024;
 
 /// A tool that runs a program.
 #[derive(Debug)]
@@ -129,6 +137,57 @@ async fn read_tail(mut reader: impl AsyncRead + Unpin, cap: usize) -> Vec<u8> {
     }
 }
 
+/// Read JSON lines from the events pipe and hand them to the context.
+async fn read_events(mut rx: tokio::net::unix::pipe::Receiver, ctx: ToolContext) {
+    let mut pending: Vec<u8> = Vec::new();
+    let mut skipping = false;
+    let mut buf = [0u8; 8192];
+    loop {
+        let n = match rx.read(&mut buf).await {
+            Ok(0) | Err(_) => return,
+            Ok(n) => n,
+        };
+        for &byte in &buf[..n] {
+            if byte == b'\n' {
+                if !skipping {
+                    apply_event(&pending, &ctx);
+                }
+                pending.clear();
+                skipping = false;
+            } else if pending.len() < EVENT_LINE_MAX {
+                pending.push(byte);
+            } else {
+                skipping = true;
+            }
+        }
+    }
+}
+
+/// One events line: `{"progress":..}`, `{"log":..}` or `{"status":..}`.
+fn apply_event(line: &[u8], ctx: &ToolContext) {
+    let Ok(event) = serde_json::from_slice::<Value>(line) else {
+        tracing::debug!(line = %String::from_utf8_lossy(line), "events line is not JSON: ignored");
+        return;
+    };
+    if let Some(progress) = event.get("progress").and_then(Value::as_f64) {
+        let total = event.get("total").and_then(Value::as_f64);
+        let message = event
+            .get("message")
+            .and_then(Value::as_str)
+            .map(str::to_owned);
+        ctx.progress(progress, total, message);
+    } else if let Some(data) = event.get("log") {
+        let level = event
+            .get("level")
+            .and_then(Value::as_str)
+            .and_then(LogLevel::parse)
+            .unwrap_or(LogLevel::Info);
+        ctx.log(level, data.clone());
+    } else if let Some(status) = event.get("status").and_then(Value::as_str) {
+        ctx.status(status);
+    }
+}
+
 fn failure(message: String) -> ToolOutcome {
     ToolOutcome::Error(RpcError::new(ErrorCode::InternalError, message))
 }
@@ -148,7 +207,35 @@ async fn run(name: &str, spec: &CommandSpec, arguments: Value, ctx: ToolContext)
     if let Some(dir) = &spec.working_dir {
         command.current_dir(dir);
     }
-    let mut child = match command.spawn() {
+    // The events pipe: its write end becomes the child's descriptor 3. Both
+    // ends are close-on-exec, so no other child inherits them.
+    let events = match nix::unistd::pipe2(nix::fcntl::OFlag::O_CLOEXEC) {
+        Ok((read, write)) => {
+            let mapped = command.fd_mappings(vec![FdMapping {
+                parent_fd: write,
+                child_fd: EVENTS_FD,
+            }]);
+            match mapped {
+                Ok(_) => {
+                    command.env("TASKBROKER_EVENTS_FD", EVENTS_FD.to_string());
+                    Some(read)
+                }
+                Err(e) => {
+                    tracing::warn!(tool = name, error = %e, "no events descriptor");
+                    None
+                }
+            }
+        }
+        Err(e) => {
+            tracing::warn!(tool = name, error = %e, "no events pipe");
+            None
+        }
+    };
+    let spawned = command.spawn();
+    // Dropping the command closes our copy of the pipe's write end, so the
+    // reader sees EOF once the program (and its children) let go of it.
+    drop(command);
+    let mut child = match spawned {
         Ok(c) => c,
         Err(e) => {
             return failure(format!(
@@ -157,6 +244,9 @@ async fn run(name: &str, spec: &CommandSpec, arguments: Value, ctx: ToolContext)
             ));
         }
     };
+    let events = events
+        .and_then(|fd| tokio::net::unix::pipe::Receiver::from_owned_fd(fd).ok())
+        .map(|rx| tokio::spawn(read_events(rx, ctx.clone())));
     let mut guard = GroupGuard {
         pgid: child
             .id()
@@ -196,6 +286,16 @@ async fn run(name: &str, spec: &CommandSpec, arguments: Value, ctx: ToolContext)
     };
     // The leader is done; anything it left behind in its group goes too.
     guard.terminate();
+    if let Some(events) = events {
+        // Whatever the program wrote before it ended is read; a descendant
+        // still holding the pipe does not keep us waiting.
+        if tokio::time::timeout(Duration::from_millis(200), events)
+            .await
+            .is_err()
+        {
+            tracing::debug!(tool = name, "events pipe still open after exit");
+        }
+    }
     let (out, cut) = stdout.await.unwrap_or_default();
     let err_tail = stderr.await.unwrap_or_default();
     let status = match status {

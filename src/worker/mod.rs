@@ -10,7 +10,7 @@ use serde_json::Value;
 use tokio::sync::{Notify, Semaphore, mpsc};
 use tokio_util::sync::CancellationToken;
 
-use crate::broker::{Feed, outcome_to_record};
+use crate::broker::{Feed, FeedEvent, outcome_to_record};
 use crate::clock::now_ms;
 use crate::mcp::RpcError;
 use crate::store::{ClaimedJob, NewWorker, Store, StoreError};
@@ -251,6 +251,7 @@ impl WorkerPool {
         // cancelled; the heartbeat is the fallback.
         let mut feed = self.feed.subscribe();
         let lease_ms = millis(self.config.lease);
+        let mut progress = ProgressThrottle::default();
         let outcome = loop {
             tokio::select! {
                 outcome = &mut tool_run => break Some(outcome),
@@ -264,12 +265,30 @@ impl WorkerPool {
                     self.feed.kick();
                     return;
                 }
-                Some(event) = events.recv() => self.on_tool_event(&job, event).await,
+                Some(event) = events.recv() => match event {
+                    ToolEvent::Progress { progress: p, total, message } => {
+                        let text = message.unwrap_or_else(|| match total {
+                            Some(t) => format!("{p}/{t}"),
+                            None => format!("{p}"),
+                        });
+                        progress.pending = Some((p, total, text));
+                        if tokio::time::Instant::now() >= progress.due() {
+                            progress.flush(self, &job).await;
+                        }
+                    }
+                    other => self.on_tool_event(&job, other).await,
+                },
                 Ok(change) = feed.recv() => {
-                    if change.task_id == job.task_id && change.to_status == "cancelled" {
+                    if let FeedEvent::Status(e) = change.as_ref()
+                        && e.task_id == job.task_id
+                        && e.to_status == "cancelled"
+                    {
                         cancel.cancel();
                         break None;
                     }
+                }
+                _ = tokio::time::sleep_until(progress.due()), if progress.pending.is_some() => {
+                    progress.flush(self, &job).await;
                 }
                 _ = heartbeat.tick() => {
                     match self.store.job_heartbeat(job.task_seq, &job.lease_token, lease_ms, now_ms()).await {
@@ -299,6 +318,16 @@ impl WorkerPool {
             }
             return;
         };
+        // Progress reported just before the end is stored before the end.
+        while let Ok(ToolEvent::Progress {
+            progress: p,
+            total,
+            message,
+        }) = events.try_recv()
+        {
+            progress.pending = Some((p, total, message.unwrap_or_else(|| format!("{p}"))));
+        }
+        progress.flush(self, &job).await;
         self.record(&job, &outcome, started).await;
     }
 
@@ -336,15 +365,8 @@ impl WorkerPool {
     async fn on_tool_event(&self, job: &ClaimedJob, event: ToolEvent) {
         let message = match event {
             ToolEvent::Status(message) => message,
-            ToolEvent::Progress {
-                message: Some(m), ..
-            } => m,
-            ToolEvent::Progress {
-                progress, total, ..
-            } => match total {
-                Some(t) => format!("{progress}/{t}"),
-                None => format!("{progress}"),
-            },
+            // Progress goes through the throttle in run_job.
+            ToolEvent::Progress { .. } => return,
             ToolEvent::Request { method, reply, .. } => {
                 // Asking the client from inside a task (input_required) is
                 // not served yet: the tool hears so and decides.
@@ -393,6 +415,47 @@ impl WorkerPool {
                     tokio::time::sleep(Duration::from_millis(100 << attempt)).await;
                 }
             }
+        }
+    }
+}
+
+/// Progress is stored at most every `PROGRESS_EVERY` per job; the latest
+/// report waits for its turn, older ones in between are dropped.
+#[derive(Debug, Default)]
+struct ProgressThrottle {
+    pending: Option<(f64, Option<f64>, String)>,
+    last: Option<tokio::time::Instant>,
+}
+
+const PROGRESS_EVERY: Duration = Duration::from_millis(100);
+
+impl ProgressThrottle {
+    fn due(&self) -> tokio::time::Instant {
+        match self.last {
+            Some(last) => last + PROGRESS_EVERY,
+            None => tokio::time::Instant::now(),
+        }
+    }
+
+    async fn flush(&mut self, pool: &WorkerPool, job: &ClaimedJob) {
+        let Some((progress, total, message)) = self.pending.take() else {
+            return;
+        };
+        self.last = Some(tokio::time::Instant::now());
+        let stored = pool
+            .store
+            .task_record_progress(
+                job.task_seq,
+                &job.lease_token,
+                progress,
+                total,
+                &message,
+                now_ms(),
+            )
+            .await;
+        match stored {
+            Ok(()) => pool.feed.kick(),
+            Err(e) => tracing::debug!(task_id = %job.task_id, error = %e, "progress not stored"),
         }
     }
 }
