@@ -42,6 +42,28 @@ pub struct ServeConfig {
     pub tools: Vec<Arc<dyn Tool>>,
 }
 
+impl ServeConfig {
+    /// A broker on `db` serving `tools`, with every other setting at its
+    /// default (127.0.0.1:8808, one worker per core, 30 s lease, ...): the
+    /// start of a custom server built on this library.
+    pub fn new(db: impl Into<PathBuf>, tools: Vec<Arc<dyn Tool>>) -> Self {
+        Self {
+            db: db.into(),
+            listen: SocketAddr::from(([127, 0, 0, 1], 8808)),
+            workers: std::thread::available_parallelism()
+                .map(usize::from)
+                .unwrap_or(1),
+            lease: Duration::from_secs(30),
+            grace: Duration::from_secs(10),
+            durability: Durability::Full,
+            broker: BrokerConfig::default(),
+            server: ServerConfig::default(),
+            shutdown_grace: Duration::from_secs(5),
+            tools,
+        }
+    }
+}
+
 /// Everything `taskbroker worker` is told.
 #[derive(Clone)]
 pub struct WorkConfig {
