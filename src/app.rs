@@ -11,7 +11,10 @@ use anyhow::Context;
 use tokio_util::sync::CancellationToken;
 
 use crate::broker::{Broker, BrokerConfig, Feed, maintenance};
-use crate::server::{AppState, ClientRequests, ServerConfig, Sessions, Streams};
+use crate::server::{
+    AppState, ClientRequests, ServerConfig, SessionStreams, Sessions, Streams,
+    spawn_status_notifier,
+};
 use crate::store::{Durability, Store};
 use crate::tools::{Registry, Tool};
 use crate::worker::{WorkerConfig, WorkerPool};
@@ -177,7 +180,14 @@ pub async fn serve(config: ServeConfig) -> anyhow::Result<()> {
         .await
         .with_context(|| format!("binding {}", config.listen))?;
     let local_addr = listener.local_addr()?;
+    let session_streams = Arc::new(SessionStreams::default());
+    let notifier = spawn_status_notifier(
+        core.broker.clone(),
+        session_streams.clone(),
+        core.shutdown.clone(),
+    );
     let state = AppState {
+        session_streams,
         broker: core.broker.clone(),
         sessions: Arc::new(Sessions::new(store.clone())),
         streams: Arc::new(Streams::new(
@@ -220,6 +230,7 @@ pub async fn serve(config: ServeConfig) -> anyhow::Result<()> {
         let _ = pool.await;
     }
     core.stop().await;
+    let _ = notifier.await;
     tracing::info!("broker stopped");
     Ok(())
 }

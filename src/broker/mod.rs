@@ -7,6 +7,7 @@ mod feed;
 pub mod maintenance;
 mod status;
 
+use std::collections::HashSet;
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -16,7 +17,8 @@ use tokio::sync::{Notify, broadcast, mpsc};
 use crate::clock::now_ms;
 use crate::mcp::{ErrorCode, RpcError};
 use crate::store::{
-    CancelOutcome, NewJob, NewTask, ProgressEvent, Store, StoreError, TaskOutcome, TaskRow,
+    AnswerOutcome, CancelOutcome, NewJob, NewTask, ProgressEvent, Store, StoreError, TaskMessage,
+    TaskOutcome, TaskRow,
 };
 use crate::tools::{Registry, TaskSupport, Tool, ToolOutcome};
 
@@ -80,6 +82,17 @@ pub enum TaskResult {
     Cancelled,
     /// Not terminal yet.
     Pending,
+}
+
+/// What a client waiting on tasks/result is told meanwhile.
+#[derive(Debug, Clone)]
+pub enum WaitEvent {
+    /// The task reported progress.
+    Progress(ProgressEvent),
+    /// The task changed status (the full Task).
+    Status(Task),
+    /// The task needs the client: this request waits for its answer.
+    Ask(TaskMessage),
 }
 
 /// Why a task operation was refused.
@@ -346,17 +359,36 @@ impl Broker {
 
     /// tasks/result: wait until the task is terminal (T-14), then its outcome.
     /// Woken by the change feed; re-reads the row now and then in case it
-    /// expired while waiting. Progress the task reports meanwhile goes to
-    /// `progress` (T-32), and stops once it is terminal.
+    /// expired while waiting. Meanwhile `events` (when given) gets what the
+    /// waiting client should see: the task's progress (T-32), its status
+    /// changes (T-31), and the requests it has pending for the client while
+    /// input_required (T-26), each request once per wait.
     pub async fn tasks_result_wait(
         &self,
         owner: &str,
         task_id: &str,
-        progress: Option<mpsc::UnboundedSender<ProgressEvent>>,
+        events: Option<mpsc::UnboundedSender<WaitEvent>>,
     ) -> Result<TaskResult, BrokerError> {
-        let mut events = self.feed.subscribe();
+        let mut feed = self.feed.subscribe();
+        let mut delivered: HashSet<String> = HashSet::new();
+        let mut last_status: Option<TaskStatus> = None;
         loop {
-            match self.tasks_result_now(owner, task_id).await? {
+            let row = self.visible_row(owner, task_id).await?;
+            let task = task_from_row(&row);
+            if let Some(tx) = &events {
+                if last_status.is_some_and(|s| s != task.status) {
+                    let _ = tx.send(WaitEvent::Status(task.clone()));
+                }
+                if task.status == TaskStatus::InputRequired {
+                    for message in self.store.task_messages_pending(task_id).await? {
+                        if delivered.insert(message.request_id.clone()) {
+                            let _ = tx.send(WaitEvent::Ask(message));
+                        }
+                    }
+                }
+            }
+            last_status = Some(task.status);
+            match result_of(&row) {
                 TaskResult::Pending => {}
                 done => return Ok(done),
             }
@@ -365,12 +397,12 @@ impl Broker {
             loop {
                 tokio::select! {
                     _ = &mut deadline => break,
-                    event = events.recv() => match event {
+                    event = feed.recv() => match event {
                         Ok(e) if e.task_id() != task_id => continue,
                         Ok(e) => match e.as_ref() {
                             FeedEvent::Progress(p) => {
-                                if let Some(tx) = &progress {
-                                    let _ = tx.send(p.clone());
+                                if let Some(tx) = &events {
+                                    let _ = tx.send(WaitEvent::Progress(p.clone()));
                                 }
                             }
                             FeedEvent::Status(_) => break,
@@ -383,6 +415,26 @@ impl Broker {
                 }
             }
         }
+    }
+
+    /// A client's answer to a request a task sent it: stored, and the task
+    /// goes back to working (T-27). False when no pending request of this
+    /// owner has that id.
+    pub async fn answer_task_request(
+        &self,
+        owner: &str,
+        request_id: &str,
+        response: &Value,
+    ) -> Result<bool, BrokerError> {
+        let outcome = self
+            .store
+            .task_message_answer(request_id, owner, &response.to_string(), now_ms())
+            .await?;
+        if outcome == AnswerOutcome::Stored {
+            self.feed.kick();
+            tracing::info!(request_id, "the client answered a task's request");
+        }
+        Ok(outcome == AnswerOutcome::Stored)
     }
 
     /// tasks/list: one page of the requestor's tasks, newest first, with the

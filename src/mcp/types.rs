@@ -112,3 +112,28 @@ pub struct Task {
     #[serde(skip_serializing_if = "Option::is_none")]
     pub poll_interval: Option<i64>,
 }
+
+/// Whether a client that declared `capabilities` can receive `method`:
+/// `sampling/createMessage` needs `sampling`; `elicitation/create` needs
+/// `elicitation` with the request's mode (an empty `elicitation` object
+/// means form mode only). Other methods need nothing.
+pub fn client_supports(capabilities: &Value, method: &str, params: &Value) -> bool {
+    match method {
+        "sampling/createMessage" => capabilities.get("sampling").is_some(),
+        "elicitation/create" => {
+            let Some(elicitation) = capabilities.get("elicitation") else {
+                return false;
+            };
+            match params.get("mode").and_then(Value::as_str).unwrap_or("form") {
+                "form" => {
+                    elicitation.get("form").is_some()
+                        || elicitation
+                            .as_object()
+                            .is_some_and(|o| o.is_empty() || !o.contains_key("url"))
+                }
+                mode => elicitation.get(mode).is_some(),
+            }
+        }
+        _ => true,
+    }
+}

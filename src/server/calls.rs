@@ -17,11 +17,13 @@ use super::sessions::Session;
 use crate::mcp::{self, ErrorCode, ProgressToken, RequestId, RpcError};
 use crate::tools::{Tool, ToolContext, ToolEvent, ToolOutcome};
 
-/// Requests this server sent to clients, waiting for their answers.
+/// Requests this server sent to clients, waiting for their answers; and the
+/// plain calls in flight, which notifications/cancelled stops (T-23).
 #[derive(Debug, Default)]
 pub struct ClientRequests {
     next_id: AtomicI64,
     waiting: Mutex<HashMap<(String, String), oneshot::Sender<Value>>>,
+    in_flight: Mutex<HashMap<(String, String), CancellationToken>>,
 }
 
 impl ClientRequests {
@@ -35,6 +37,33 @@ impl ClientRequests {
         let (tx, rx) = oneshot::channel();
         self.lock().insert((session.to_owned(), id.to_string()), tx);
         (id, rx)
+    }
+
+    fn track(&self, session: &str, id: &RequestId) -> CancellationToken {
+        let token = CancellationToken::new();
+        self.in_flight
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .insert((session.to_owned(), id_key(&id.0)), token.clone());
+        token
+    }
+
+    fn untrack(&self, session: &str, id: &RequestId) {
+        self.in_flight
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .remove(&(session.to_owned(), id_key(&id.0)));
+    }
+
+    /// notifications/cancelled: stop the session's plain call with that
+    /// request id; false when none is in flight.
+    pub fn cancel(&self, session: &str, id: &Value) -> bool {
+        let token = self
+            .in_flight
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .remove(&(session.to_owned(), id_key(id)));
+        token.map(|t| t.cancel()).is_some()
     }
 
     /// Hand a client's response to whoever waits for it; false when no
@@ -67,19 +96,27 @@ pub struct PlainCall {
     /// Whether the answer goes over SSE (else nothing but the result can
     /// reach the client).
     pub sse: bool,
+    /// The request's id (for notifications/cancelled).
+    pub request_id: RequestId,
 }
 
 /// Run `tool` for a plain call; its events become stream items.
 pub fn run(call: PlainCall, tool: Arc<dyn Tool>, arguments: Value) -> Reply {
     let (events_tx, mut events) = mpsc::unbounded_channel();
     let (items_tx, items) = mpsc::unbounded_channel();
-    let ctx = ToolContext::new(events_tx, CancellationToken::new(), None, 1);
+    let cancel = call.requests.track(&call.session.id, &call.request_id);
+    let ctx = ToolContext::new(events_tx, cancel.clone(), None, 1);
     let name = tool.definition().name.clone();
     let outcome = async move {
         let run = tool.call(arguments, ctx);
         tokio::pin!(run);
+        let _untrack = Untrack(&call);
         loop {
             tokio::select! {
+                _ = cancel.cancelled() => {
+                    tracing::info!(tool = %name, "plain call cancelled by the client");
+                    return Err(RpcError::new(ErrorCode::RequestCancelled, "Request cancelled").to_json());
+                }
                 outcome = &mut run => {
                     while let Ok(event) = events.try_recv() {
                         on_event(&call, &name, &items_tx, event);
@@ -97,6 +134,17 @@ pub fn run(call: PlainCall, tool: Arc<dyn Tool>, arguments: Value) -> Reply {
         items: Some(items),
         outcome: Box::pin(outcome),
         resumable: true,
+    }
+}
+
+/// Forgets the call's cancellation token when the call ends.
+struct Untrack<'a>(&'a PlainCall);
+
+impl Drop for Untrack<'_> {
+    fn drop(&mut self) {
+        self.0
+            .requests
+            .untrack(&self.0.session.id, &self.0.request_id);
     }
 }
 

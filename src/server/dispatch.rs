@@ -10,11 +10,11 @@ use tokio::sync::mpsc;
 
 use super::sessions::Session;
 use super::{AppState, calls};
-use crate::broker::{Task, TaskResult};
+use crate::broker::{Task, TaskResult, WaitEvent};
 use crate::mcp::{
-    self, CallToolParams, ErrorCode, PaginatedParams, RpcError, TaskIdParams, parse_params,
+    self, CallToolParams, ErrorCode, PaginatedParams, RequestId, RpcError, TaskIdParams,
+    parse_params,
 };
-use crate::store::ProgressEvent;
 use crate::tools::{LogLevel, ToolOutcome};
 
 /// Something to put on a request's SSE stream before its response.
@@ -69,6 +69,7 @@ pub async fn dispatch(
     state: &AppState,
     session: &Arc<Session>,
     sse: bool,
+    id: &RequestId,
     method: &str,
     params: Option<&Value>,
 ) -> Reply {
@@ -76,7 +77,7 @@ pub async fn dispatch(
         "ping" => Reply::Done(Ok(json!({}))),
         "logging/setLevel" => logging_set_level(session, params),
         "tools/list" => tools_list(state, params),
-        "tools/call" => tools_call(state, session, sse, params).await,
+        "tools/call" => tools_call(state, session, sse, id, params).await,
         "tasks/get" => tasks_get(state, session, params).await,
         "tasks/result" => tasks_result(state, session, params).await,
         "tasks/list" => tasks_list(state, session, params).await,
@@ -129,6 +130,7 @@ async fn tools_call(
     state: &AppState,
     session: &Arc<Session>,
     sse: bool,
+    id: &RequestId,
     params: Option<&Value>,
 ) -> Reply {
     let params: CallToolParams = match parse_params("tools/call", params) {
@@ -169,6 +171,7 @@ async fn tools_call(
             requests: state.client_requests.clone(),
             progress_token,
             sse,
+            request_id: id.clone(),
         },
         tool,
         arguments,
@@ -235,41 +238,36 @@ async fn tasks_result(state: &AppState, session: &Arc<Session>, params: Option<&
         }
     }
     // T-14: block until terminal; the transport streams this over SSE with
-    // keep-alives when the client accepts it, with the task's progress as
-    // notifications/progress under its original token (T-32).
+    // keep-alives when the client accepts it, and with what the task has for
+    // the client meanwhile: progress under its original token (T-32), status
+    // notifications (T-31), and its pending requests (T-26).
     let token = match state.broker.tasks_get(&owner, &p.task_id).await {
         Ok(task) => task.progress_token,
         Err(e) => return Reply::err(e.to_rpc("retrieve")),
     };
     let (items_tx, items) = mpsc::unbounded_channel();
-    let (progress_tx, mut progress) = mpsc::unbounded_channel::<ProgressEvent>();
-    if let Some(token) = token {
-        tokio::spawn(async move {
-            while let Some(p) = progress.recv().await {
-                let mut params = Map::new();
-                params.insert("progressToken".into(), token.clone());
-                params.insert("progress".into(), json!(p.progress));
-                if let Some(total) = p.total {
-                    params.insert("total".into(), json!(total));
-                }
-                if let Some(message) = &p.message {
-                    params.insert("message".into(), json!(message));
-                }
-                // T-28: notifications about a task carry related-task _meta.
-                params.insert("_meta".into(), mcp::related_task_meta(&p.task_id));
-                let note = mcp::notification("notifications/progress", Value::Object(params));
-                if items_tx.send(StreamItem::Message(note)).is_err() {
-                    break;
-                }
-            }
-        });
-    }
+    let (events_tx, mut events) = mpsc::unbounded_channel::<WaitEvent>();
     let broker = state.broker.clone();
     let outcome = async move {
-        match broker
-            .tasks_result_wait(&owner, &p.task_id, Some(progress_tx))
-            .await
-        {
+        let forward = |event: WaitEvent| {
+            if let Some(message) = wait_message(event, token.as_ref()) {
+                let _ = items_tx.send(StreamItem::Message(message));
+            }
+        };
+        let wait = broker.tasks_result_wait(&owner, &p.task_id, Some(events_tx));
+        tokio::pin!(wait);
+        let done = loop {
+            tokio::select! {
+                done = &mut wait => break done,
+                Some(event) = events.recv() => forward(event),
+            }
+        };
+        // What the wait said last (e.g. the terminal status) goes out before
+        // the response.
+        while let Ok(event) = events.try_recv() {
+            forward(event);
+        }
+        match done {
             Ok(done) => result_reply(&p.task_id, done),
             Err(e) => {
                 log_broker_error(&e);
@@ -280,8 +278,44 @@ async fn tasks_result(state: &AppState, session: &Arc<Session>, params: Option<&
     Reply::Later {
         items: Some(items),
         outcome: Box::pin(outcome),
-        // Waiting needs nobody once the client has gone.
+        // Waiting needs nobody once the client has gone; a pending request is
+        // delivered again on the next tasks/result.
         resumable: false,
+    }
+}
+
+/// The JSON-RPC message a waiting client gets for `event`.
+fn wait_message(event: WaitEvent, token: Option<&Value>) -> Option<Value> {
+    match event {
+        WaitEvent::Progress(p) => {
+            let token = token?;
+            let mut params = Map::new();
+            params.insert("progressToken".into(), token.clone());
+            params.insert("progress".into(), json!(p.progress));
+            if let Some(total) = p.total {
+                params.insert("total".into(), json!(total));
+            }
+            if let Some(message) = &p.message {
+                params.insert("message".into(), json!(message));
+            }
+            // T-28: notifications about a task carry related-task _meta.
+            params.insert("_meta".into(), mcp::related_task_meta(&p.task_id));
+            Some(mcp::notification(
+                "notifications/progress",
+                Value::Object(params),
+            ))
+        }
+        // T-30: the full Task, without related-task _meta.
+        WaitEvent::Status(task) => Some(mcp::notification(
+            "notifications/tasks/status",
+            task_json(&task),
+        )),
+        WaitEvent::Ask(m) => {
+            let params: Value = serde_json::from_str(&m.params).unwrap_or_else(|_| json!({}));
+            Some(
+                json!({ "jsonrpc": "2.0", "id": m.request_id, "method": m.method, "params": params }),
+            )
+        }
     }
 }
 

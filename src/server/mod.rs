@@ -4,6 +4,7 @@
 
 mod calls;
 mod dispatch;
+mod notify;
 mod origin;
 mod sessions;
 mod sse;
@@ -20,6 +21,7 @@ use axum::routing::{any, get};
 use crate::broker::Broker;
 
 pub use calls::ClientRequests;
+pub use notify::{SessionStreams, spawn_status_notifier};
 pub use sessions::{Session, Sessions};
 pub use streams::Streams;
 
@@ -59,6 +61,8 @@ pub struct AppState {
     pub streams: Arc<Streams>,
     /// Requests sent to clients, awaiting answers.
     pub client_requests: Arc<ClientRequests>,
+    /// Open GET streams, for task status notifications.
+    pub session_streams: Arc<SessionStreams>,
     /// HTTP settings.
     pub config: Arc<ServerConfig>,
     /// Where we listen (for origin checks).

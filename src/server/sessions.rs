@@ -58,29 +58,11 @@ impl Session {
     }
 
     /// Whether the client declared the capability needed to receive
-    /// `method` (sampling, elicitation in `mode`).
+    /// `method` (sampling, elicitation in its mode).
     pub fn client_supports(&self, method: &str, params: &Value) -> bool {
-        let caps = &self.client_capabilities;
-        match method {
-            "sampling/createMessage" => caps.get("sampling").is_some(),
-            "elicitation/create" => {
-                let Some(elicitation) = caps.get("elicitation") else {
-                    return false;
-                };
-                match params.get("mode").and_then(Value::as_str).unwrap_or("form") {
-                    // An empty elicitation capability means form mode.
-                    "form" => {
-                        elicitation.get("form").is_some()
-                            || elicitation
-                                .as_object()
-                                .is_some_and(|o| o.is_empty() || !o.contains_key("url"))
-                    }
-                    mode => elicitation.get(mode).is_some(),
-                }
-            }
-            _ => true,
-        }
+        crate::mcp::client_supports(&self.client_capabilities, method, params)
     }
+
     /// The owner recorded on this session's tasks.
     pub fn owner(&self) -> String {
         format!("session:{}", self.id)

@@ -14,6 +14,8 @@ use axum::response::{IntoResponse, Response};
 use serde_json::Value;
 use tokio::sync::mpsc;
 
+use super::dispatch::StreamItem;
+
 /// Event ids are `<stream>-<n>`, with a random stream id per response.
 fn stream_id() -> String {
     uuid::Uuid::new_v4().simple().to_string()
@@ -50,7 +52,7 @@ fn sse_response(
 /// to, with a keep-alive comment every `keep_alive` of silence.
 pub fn respond(
     keep_alive: Duration,
-    notifications: Option<mpsc::UnboundedReceiver<Value>>,
+    notifications: Option<mpsc::UnboundedReceiver<StreamItem>>,
     last: impl Future<Output = Value> + Send + 'static,
 ) -> Response {
     let stream = async_stream::stream! {
@@ -67,7 +69,12 @@ pub fn respond(
                 note = async { match notifications.as_mut() {
                     Some(rx) => rx.recv().await,
                     None => std::future::pending().await,
-                } } => match note { Some(v) => Next::Note(v), None => Next::Closed },
+                } } => match note {
+                    Some(StreamItem::Message(v)) => Next::Note(v),
+                    // This stream is not resumable: it is not closed early.
+                    Some(StreamItem::Close) => continue,
+                    None => Next::Closed,
+                },
                 value = &mut last => Next::Last(value),
                 _ = ticker.tick() => Next::Tick,
             };
@@ -78,9 +85,11 @@ pub fn respond(
                 Next::Last(value) => {
                     // Progress sent before the result goes out first.
                     if let Some(rx) = notifications.as_mut() {
-                        while let Ok(note) = rx.try_recv() {
-                            n += 1;
-                            yield Ok(message(&id, n, &note));
+                        while let Ok(item) = rx.try_recv() {
+                            if let StreamItem::Message(note) = item {
+                                n += 1;
+                                yield Ok(message(&id, n, &note));
+                            }
                         }
                     }
                     n += 1;
@@ -93,14 +102,24 @@ pub fn respond(
     sse_response(stream)
 }
 
-/// A stream with nothing to say yet: the priming event, then keep-alives.
-pub fn idle(keep_alive: Duration) -> Response {
+/// A long-lived stream: the priming event, then `messages` as they come,
+/// with keep-alives in between.
+pub fn live(keep_alive: Duration, mut messages: mpsc::UnboundedReceiver<Value>) -> Response {
     let stream = async_stream::stream! {
-        yield Ok::<_, Infallible>(priming(&stream_id()));
-        let mut ticker = tokio::time::interval_at(tokio::time::Instant::now() + keep_alive, keep_alive);
+        let id = stream_id();
+        yield Ok::<_, Infallible>(priming(&id));
+        let mut n = 0u64;
         loop {
-            ticker.tick().await;
-            yield Ok(Bytes::from_static(KEEP_ALIVE.as_bytes()));
+            tokio::select! {
+                next = messages.recv() => match next {
+                    Some(m) => {
+                        n += 1;
+                        yield Ok(message(&id, n, &m));
+                    }
+                    None => break,
+                },
+                _ = tokio::time::sleep(keep_alive) => yield Ok(Bytes::from_static(KEEP_ALIVE.as_bytes())),
+            }
         }
     };
     sse_response(stream)

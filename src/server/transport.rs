@@ -206,11 +206,20 @@ async fn post(state: AppState, headers: HeaderMap, body: Body) -> Response {
             };
             request(state, &headers, session, id, method, params).await
         }
-        Incoming::Notification { method, .. } => {
-            if let Err(r) = require_session(&state, &headers).await {
-                return r;
+        Incoming::Notification { method, params } => {
+            let session = match require_session(&state, &headers).await {
+                Ok(s) => s,
+                Err(r) => return r,
+            };
+            if method == "notifications/cancelled" {
+                // T-23: for plain requests; tasks are cancelled with tasks/cancel.
+                let request_id = params.as_ref().and_then(|p| p.get("requestId"));
+                let stopped =
+                    request_id.is_some_and(|id| state.client_requests.cancel(&session.id, id));
+                tracing::info!(request_id = ?request_id, stopped, "notifications/cancelled");
+            } else {
+                tracing::debug!(method, "notification");
             }
-            tracing::debug!(method, "notification");
             StatusCode::ACCEPTED.into_response()
         }
         Incoming::Response { id, body } => {
@@ -218,8 +227,31 @@ async fn post(state: AppState, headers: HeaderMap, body: Body) -> Response {
                 Ok(s) => s,
                 Err(r) => return r,
             };
-            if !state.client_requests.resolve(&session.id, &id, body) {
-                tracing::warn!(id = ?id.0, "client response to no pending request of this session");
+            if state
+                .client_requests
+                .resolve(&session.id, &id, body.clone())
+            {
+                return StatusCode::ACCEPTED.into_response();
+            }
+            // Not a plain call's request: perhaps a task's (input_required).
+            let answered = match id.0.as_str() {
+                Some(request_id) => {
+                    state
+                        .broker
+                        .answer_task_request(&session.owner(), request_id, &body)
+                        .await
+                }
+                None => Ok(false),
+            };
+            match answered {
+                Ok(true) => {}
+                Ok(false) => {
+                    tracing::warn!(id = ?id.0, "client response to no pending request of this session")
+                }
+                Err(e) => {
+                    tracing::error!(error = %e, "storing a client's answer failed");
+                    return http_error(StatusCode::INTERNAL_SERVER_ERROR, -32603, "Internal error");
+                }
             }
             StatusCode::ACCEPTED.into_response()
         }
@@ -289,7 +321,7 @@ async fn request(
         .and_then(Value::as_str)
         .map(str::to_owned);
     let sse = accepts(headers, "text/event-stream");
-    let reply = dispatch(&state, &session, sse, &method, params.as_ref()).await;
+    let reply = dispatch(&state, &session, sse, &id, &method, params.as_ref()).await;
     match reply {
         Reply::Done(outcome) => {
             log_request(&method, task_id.as_deref(), &outcome, started);
@@ -333,20 +365,7 @@ async fn request(
             state.streams.respond(stream, Attach::First)
         }
         Reply::Later { items, outcome, .. } if sse => {
-            let notes = items.map(|mut rx| {
-                let (tx, notes) = tokio::sync::mpsc::unbounded_channel();
-                tokio::spawn(async move {
-                    while let Some(item) = rx.recv().await {
-                        if let StreamItem::Message(m) = item
-                            && tx.send(m).is_err()
-                        {
-                            break;
-                        }
-                    }
-                });
-                notes
-            });
-            sse::respond(state.config.keep_alive, notes, async move {
+            sse::respond(state.config.keep_alive, items, async move {
                 let outcome = outcome.await;
                 log_request(&method, task_id.as_deref(), &outcome, started);
                 to_message(&id, outcome)
@@ -423,7 +442,9 @@ async fn get(state: AppState, headers: HeaderMap) -> Response {
             }
         }
     }
-    sse::idle(state.config.keep_alive)
+    // The session's stream: task status notifications of its tasks (T-31).
+    let messages = state.session_streams.attach(&session.owner());
+    sse::live(state.config.keep_alive, messages)
 }
 
 /// DELETE ends the session (H-1, H-5).

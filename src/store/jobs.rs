@@ -74,6 +74,26 @@ impl Store {
             tx.rollback().await?;
             return Ok(Vec::new());
         }
+        // A new attempt starts afresh: what an earlier attempt asked the
+        // client is abandoned, and the task is working again.
+        sqlx::query!(
+            "UPDATE task_messages SET state = 'abandoned'
+              WHERE state = 'pending'
+                AND task_seq IN (SELECT task_seq FROM jobs WHERE lease_token = ? AND state = 'running')",
+            lease_token
+        )
+        .execute(&mut *tx)
+        .await?;
+        sqlx::query!(
+            "UPDATE tasks SET status = 'working', status_message = 'running again (attempt ' ||
+                    (SELECT attempt FROM jobs WHERE task_seq = tasks.seq) || ')', updated_at = MAX(updated_at, ?)
+              WHERE status = 'input_required'
+                AND seq IN (SELECT task_seq FROM jobs WHERE lease_token = ? AND state = 'running')",
+            now,
+            lease_token
+        )
+        .execute(&mut *tx)
+        .await?;
         let jobs = sqlx::query_as!(
             ClaimedJob,
             r#"SELECT j.task_seq AS "task_seq!", t.task_id, t.tool, t.arguments, t.progress_token,

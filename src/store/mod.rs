@@ -8,6 +8,7 @@
 //! reads then writes at once, without honouring the busy timeout.
 
 mod jobs;
+mod messages;
 mod migrate;
 mod sessions;
 mod tasks;
@@ -23,6 +24,7 @@ use sqlx::sqlite::{
 };
 
 pub use jobs::{ClaimedJob, HeartbeatOutcome, RescueReport};
+pub use messages::{AnswerOutcome, TaskMessage};
 pub use sessions::{NewSession, SessionRow};
 pub use tasks::{CancelOutcome, NewJob, NewTask, ProgressEvent, TaskEvent, TaskOutcome, TaskRow};
 pub use workers::NewWorker;

@@ -113,6 +113,8 @@ pub struct TaskEvent {
     pub task_id: String,
     /// Its new status.
     pub to_status: String,
+    /// Who owns the task (empty when it was purged since).
+    pub owner: String,
 }
 
 impl Store {
@@ -403,8 +405,9 @@ impl Store {
     ) -> Result<Vec<TaskEvent>, StoreError> {
         let rows = sqlx::query_as!(
             TaskEvent,
-            r#"SELECT id AS "id!", task_id, to_status FROM task_events
-                WHERE id > ? ORDER BY id LIMIT ?"#,
+            r#"SELECT e.id AS "id!", e.task_id, e.to_status, COALESCE(t.owner, '') AS "owner!: String"
+                 FROM task_events e LEFT JOIN tasks t ON t.seq = e.task_seq
+                WHERE e.id > ? ORDER BY e.id LIMIT ?"#,
             after_id,
             limit
         )

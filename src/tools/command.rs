@@ -256,8 +256,12 @@ async fn run(name: &str, spec: &CommandSpec, arguments: Value, ctx: ToolContext)
     };
     if let Some(mut stdin) = child.stdin.take() {
         let input = arguments.to_string();
-        // A program that does not read its stdin is not an error.
-        let _ = stdin.write_all(input.as_bytes()).await;
+        // Written on the side: a program that does not read its stdin (or
+        // reads it slowly) must not stall the timeout, cancellation or the
+        // reading of its output. Not reading it is not an error.
+        tokio::spawn(async move {
+            let _ = stdin.write_all(input.as_bytes()).await;
+        });
     }
     let (Some(stdout), Some(stderr)) = (child.stdout.take(), child.stderr.take()) else {
         return failure(format!("tool '{name}': no pipes to the process"));

@@ -45,6 +45,33 @@ fn fixture(name: &str, description: &str, input_schema: Value, body: Body) -> Ar
     })
 }
 
+/// A fixture that may also run as a task (its requests to the client then
+/// go through input_required).
+fn task_capable(tool: Arc<dyn Tool>) -> Arc<dyn Tool> {
+    let fixture = tool.definition().clone();
+    Arc::new(TaskCapable {
+        def: ToolDefinition {
+            task_support: TaskSupport::Optional,
+            ..fixture
+        },
+        inner: tool,
+    })
+}
+
+struct TaskCapable {
+    def: ToolDefinition,
+    inner: Arc<dyn Tool>,
+}
+
+impl Tool for TaskCapable {
+    fn definition(&self) -> &ToolDefinition {
+        &self.def
+    }
+    fn call(&self, arguments: Value, ctx: ToolContext) -> ToolFuture<'_> {
+        self.inner.call(arguments, ctx)
+    }
+}
+
 fn no_args() -> Value {
     json!({ "type": "object", "properties": {} })
 }
@@ -75,7 +102,7 @@ fn elicitation_text(prefix: &str, answer: &Value) -> String {
 
 /// The fixture tools the conformance suite calls.
 pub fn conformance_tools() -> Vec<Arc<dyn Tool>> {
-    vec![
+    let tools: Vec<Arc<dyn Tool>> = vec![
         fixture(
             "test_simple_text",
             "Returns a fixed text.",
@@ -348,5 +375,13 @@ pub fn conformance_tools() -> Vec<Arc<dyn Tool>> {
                 })
             },
         ),
-    ]
+    ];
+    // The fixtures that ask the client may run as tasks too.
+    tools
+        .into_iter()
+        .map(|t| match t.definition().name.as_str() {
+            "test_sampling" | "test_elicitation" => task_capable(t),
+            _ => t,
+        })
+        .collect()
 }

@@ -1,5 +1,5 @@
 //! Demo tools, built in so a fresh `taskbroker serve` has something real to
-//! run: `echo`, `sleep`, `sleep_as_task`, `fail`.
+//! run: `echo`, `sleep`, `sleep_as_task`, `fail`, `approve`.
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -15,6 +15,7 @@ pub fn demo_tools() -> Vec<Arc<dyn Tool>> {
         Arc::new(Sleep::new("sleep", TaskSupport::Optional)),
         Arc::new(Sleep::new("sleep_as_task", TaskSupport::Required)),
         Arc::new(Fail::new()),
+        Arc::new(Approve::new()),
     ]
 }
 
@@ -157,6 +158,91 @@ impl Tool for Fail {
                 .and_then(Value::as_str)
                 .unwrap_or("the fail tool failed, as asked");
             ToolOutcome::tool_error(message)
+        })
+    }
+}
+
+/// Asks the user a yes/no question through the client (elicitation, form
+/// mode): as a task, the task goes input_required until the client answers.
+struct Approve {
+    def: ToolDefinition,
+}
+
+impl Approve {
+    fn new() -> Self {
+        Self {
+            def: ToolDefinition {
+                name: "approve".into(),
+                description: "Ask the user to approve something (elicitation); returns the answer."
+                    .into(),
+                input_schema: json!({
+                    "type": "object",
+                    "properties": { "question": { "type": "string", "description": "What to approve." } },
+                    "required": ["question"],
+                    "additionalProperties": false
+                }),
+                output_schema: Some(json!({
+                    "type": "object",
+                    "properties": {
+                        "action": { "type": "string", "enum": ["accept", "decline", "cancel"] },
+                        "approved": { "type": "boolean" }
+                    },
+                    "required": ["action", "approved"]
+                })),
+                task_support: TaskSupport::Optional,
+                max_attempts: 3,
+            },
+        }
+    }
+}
+
+impl Tool for Approve {
+    fn definition(&self) -> &ToolDefinition {
+        &self.def
+    }
+    fn call(&self, arguments: Value, ctx: ToolContext) -> ToolFuture<'_> {
+        Box::pin(async move {
+            let question = arguments
+                .get("question")
+                .and_then(Value::as_str)
+                .unwrap_or_default();
+            let params = json!({
+                "mode": "form",
+                "message": question,
+                "requestedSchema": {
+                    "type": "object",
+                    "properties": {
+                        "approved": { "type": "boolean", "title": "Approve?", "description": question }
+                    },
+                    "required": ["approved"]
+                }
+            });
+            let answer = match ctx.request("elicitation/create", params).await {
+                Ok(answer) => answer,
+                Err(e) => {
+                    return ToolOutcome::tool_error(format!(
+                        "could not ask the user: {}",
+                        e.message
+                    ));
+                }
+            };
+            let action = answer
+                .get("action")
+                .and_then(Value::as_str)
+                .unwrap_or("cancel")
+                .to_owned();
+            let approved = action == "accept"
+                && answer.pointer("/content/approved").and_then(Value::as_bool) == Some(true);
+            let text = match (action.as_str(), approved) {
+                ("accept", true) => "approved".to_owned(),
+                ("accept", false) => "not approved".to_owned(),
+                ("decline", _) => "the user declined to answer".to_owned(),
+                (other, _) => format!("the user did not answer ({other})"),
+            };
+            ToolOutcome::Result(json!({
+                "content": [{ "type": "text", "text": text }],
+                "structuredContent": { "action": action, "approved": approved }
+            }))
         })
     }
 }

@@ -13,7 +13,7 @@ use tokio_util::sync::CancellationToken;
 use crate::broker::{Feed, FeedEvent, outcome_to_record};
 use crate::clock::now_ms;
 use crate::mcp::RpcError;
-use crate::store::{ClaimedJob, NewWorker, Store, StoreError};
+use crate::store::{ClaimedJob, NewWorker, Store, StoreError, TaskMessage};
 use crate::tools::{Registry, ToolContext, ToolEvent, ToolOutcome};
 
 /// How a pool runs.
@@ -252,6 +252,8 @@ impl WorkerPool {
         let mut feed = self.feed.subscribe();
         let lease_ms = millis(self.config.lease);
         let mut progress = ProgressThrottle::default();
+        // Requests to the client this run waits on: (request id, reply).
+        let mut asks: Vec<(String, Answer)> = Vec::new();
         let outcome = loop {
             tokio::select! {
                 outcome = &mut tool_run => break Some(outcome),
@@ -276,21 +278,36 @@ impl WorkerPool {
                             progress.flush(self, &job).await;
                         }
                     }
+                    ToolEvent::Request { method, params, reply } => {
+                        match self.ask_client(&job, &method, params).await {
+                            Ok(request_id) => asks.push((request_id, reply)),
+                            Err(e) => {
+                                let _ = reply.send(Err(e));
+                            }
+                        }
+                    }
                     other => self.on_tool_event(&job, other).await,
                 },
                 Ok(change) = feed.recv() => {
                     if let FeedEvent::Status(e) = change.as_ref()
                         && e.task_id == job.task_id
-                        && e.to_status == "cancelled"
                     {
-                        cancel.cancel();
-                        break None;
+                        if e.to_status == "cancelled" {
+                            cancel.cancel();
+                            break None;
+                        }
+                        if e.to_status == "working" && !asks.is_empty() {
+                            self.collect_answers(&mut asks).await;
+                        }
                     }
                 }
                 _ = tokio::time::sleep_until(progress.due()), if progress.pending.is_some() => {
                     progress.flush(self, &job).await;
                 }
                 _ = heartbeat.tick() => {
+                    if !asks.is_empty() {
+                        self.collect_answers(&mut asks).await;
+                    }
                     match self.store.job_heartbeat(job.task_seq, &job.lease_token, lease_ms, now_ms()).await {
                         Ok(hb) if hb.cancel_requested => { cancel.cancel(); break None; }
                         Ok(_) => {}
@@ -362,20 +379,97 @@ impl WorkerPool {
         }
     }
 
+    /// Store a request of the tool to the client: the task moves to
+    /// input_required (T-24) and the server delivers the request with the
+    /// related-task _meta (T-25). Returns the request id to wait on.
+    async fn ask_client(
+        &self,
+        job: &ClaimedJob,
+        method: &str,
+        mut params: Value,
+    ) -> Result<String, RpcError> {
+        let caps = self
+            .store
+            .task_client_capabilities(job.task_seq)
+            .await
+            .map_err(|_| RpcError::internal())?
+            .and_then(|c| serde_json::from_str::<Value>(&c).ok())
+            .unwrap_or(Value::Null);
+        if !crate::mcp::client_supports(&caps, method, &params) {
+            return Err(RpcError::new(
+                crate::mcp::ErrorCode::MethodNotFound,
+                format!("the client did not declare the capability for {method}"),
+            ));
+        }
+        if let Value::Object(obj) = &mut params {
+            let meta = obj.entry("_meta").or_insert_with(|| serde_json::json!({}));
+            if let Value::Object(meta) = meta {
+                meta.insert(
+                    crate::mcp::RELATED_TASK_META.into(),
+                    serde_json::json!({ "taskId": job.task_id }),
+                );
+            }
+        }
+        let message = TaskMessage {
+            request_id: format!("tb-{}", uuid::Uuid::new_v4().simple()),
+            task_id: job.task_id.clone(),
+            method: method.to_owned(),
+            params: params.to_string(),
+            response: None,
+        };
+        match self
+            .store
+            .task_message_ask(job.task_seq, &job.lease_token, &message, now_ms())
+            .await
+        {
+            Ok(()) => {
+                self.feed.kick();
+                tracing::info!(task_id = %job.task_id, method, request_id = %message.request_id, "task asks the client: input_required");
+                Ok(message.request_id)
+            }
+            Err(e) => {
+                tracing::warn!(task_id = %job.task_id, error = %e, "could not ask the client");
+                Err(RpcError::internal())
+            }
+        }
+    }
+
+    /// Hand every answered request to its tool.
+    async fn collect_answers(&self, asks: &mut Vec<(String, Answer)>) {
+        let mut waiting = Vec::new();
+        for (request_id, reply) in asks.drain(..) {
+            let answered = match self.store.task_message_get(&request_id).await {
+                Ok(Some(m)) => m.response,
+                Ok(None) => None,
+                Err(e) => {
+                    tracing::warn!(request_id, error = %e, "reading an answer failed");
+                    None
+                }
+            };
+            let Some(response) = answered else {
+                waiting.push((request_id, reply));
+                continue;
+            };
+            let message: Value = serde_json::from_str(&response).unwrap_or(Value::Null);
+            let result = match (message.get("result"), message.get("error")) {
+                (Some(r), _) => Ok(r.clone()),
+                (None, Some(e)) => Err(RpcError::from_json(e)),
+                (None, None) => Err(RpcError::invalid_request(
+                    "the client's answer has no result or error",
+                )),
+            };
+            let _ = reply.send(result);
+        }
+        *asks = waiting;
+    }
+
     async fn on_tool_event(&self, job: &ClaimedJob, event: ToolEvent) {
         let message = match event {
             ToolEvent::Status(message) => message,
             // Progress goes through the throttle in run_job.
             ToolEvent::Progress { .. } => return,
-            ToolEvent::Request { method, reply, .. } => {
-                // Asking the client from inside a task (input_required) is
-                // not served yet: the tool hears so and decides.
-                let _ = reply.send(Err(RpcError::new(
-                    crate::mcp::ErrorCode::MethodNotFound,
-                    format!("{method} is not available to tools running as tasks"),
-                )));
-                return;
-            }
+            // Requests go through ask_client in run_job.
+            ToolEvent::Request { .. } => return,
             ToolEvent::Log { level, data } => {
                 tracing::info!(task_id = %job.task_id, level = level.as_str(), %data, "tool log");
                 return;
@@ -459,6 +553,9 @@ impl ProgressThrottle {
         }
     }
 }
+
+/// Where a tool waits for the client's answer.
+type Answer = tokio::sync::oneshot::Sender<Result<Value, RpcError>>;
 
 struct AbortOnDrop(tokio::task::AbortHandle);
 
