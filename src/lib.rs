@@ -23,9 +23,12 @@
 //! - [`store`]: every SQL statement, and the migrations runner.
 //! - [`config`]: the `taskbroker.toml` file: settings and command tools.
 //! - [`clock`]: wall-clock milliseconds, the unit of every stored time.
+//! - [`client`]: the command-line MCP client (`taskbroker call`, `taskbroker
+//!   tasks`) over Streamable HTTP. Talks to a broker only through `/mcp`.
 
 pub mod app;
 pub mod broker;
+pub mod client;
 pub mod clock;
 pub mod config;
 pub mod mcp;

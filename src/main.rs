@@ -10,6 +10,7 @@ use anyhow::Context;
 use clap::{Args, Parser, Subcommand};
 use taskbroker::app::{self, ServeConfig, WorkConfig};
 use taskbroker::broker::BrokerConfig;
+use taskbroker::client;
 use taskbroker::config::Config;
 use taskbroker::server::ServerConfig;
 use taskbroker::store::Durability;
@@ -36,6 +37,10 @@ enum Command {
         #[arg(long, env = "TASKBROKER_DB", default_value = "taskbroker.db")]
         db: PathBuf,
     },
+    /// Call a tool on a running broker (plainly or as a task) and print its result.
+    Call(client::CallArgs),
+    /// Inspect the tasks of a session on a running broker: list, get, result, cancel.
+    Tasks(client::TasksArgs),
 }
 
 #[derive(Debug, Args)]
@@ -294,14 +299,19 @@ impl WorkerArgs {
 
 #[tokio::main]
 async fn main() -> anyhow::Result<()> {
+    let cli = Cli::parse();
+    // The client commands print their own output; logs only for warnings.
+    let default_filter = match cli.command {
+        Command::Call(_) | Command::Tasks(_) => "warn",
+        _ => "info,sqlx=warn",
+    };
     tracing_subscriber::fmt()
         .with_env_filter(
-            EnvFilter::try_from_default_env().unwrap_or_else(|_| EnvFilter::new("info,sqlx=warn")),
+            EnvFilter::try_from_default_env().unwrap_or_else(|_| EnvFilter::new(default_filter)),
         )
         .with_writer(std::io::stderr)
         .with_ansi(std::io::IsTerminal::is_terminal(&std::io::stderr()))
         .init();
-    let cli = Cli::parse();
     match cli.command {
         Command::Serve(args) => app::serve(args.into_config().context("configuration")?).await,
         Command::Worker(args) => app::work(args.into_config().context("configuration")?).await,
@@ -310,5 +320,7 @@ async fn main() -> anyhow::Result<()> {
             println!("{}: {applied} migration(s) applied", db.display());
             Ok(())
         }
+        Command::Call(args) => std::process::exit(client::call(args).await.into()),
+        Command::Tasks(args) => std::process::exit(client::tasks(args).await.into()),
     }
 }

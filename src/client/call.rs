@@ -1,0 +1,277 @@
+//! `taskbroker call TOOL`: call a tool plainly (progress from
+//! `notifications/progress`) or as a task (progress from polling
+//! `tasks/get`), print the result, exit with a code that says how it went.
+
+use std::io::Write;
+use std::time::Duration;
+
+use serde_json::{Value, json};
+use tokio::io::{AsyncBufReadExt, BufReader};
+
+use super::output::print_result;
+use super::progress::Progress;
+use super::{
+    CLIENT_NAME, CallArgs, EXIT_FAILURE, EXIT_INTERRUPTED, EXIT_UNREACHABLE, McpClient, McpError,
+};
+
+/// Run `taskbroker call`; returns the process exit code.
+pub async fn run(args: CallArgs) -> u8 {
+    // Listen for Ctrl-C before anything is created, so it is never lost.
+    let mut interrupt = Interrupt::new();
+    let mut client = match McpClient::open(&args.conn).await {
+        Ok(c) => c,
+        Err(e) => {
+            eprintln!("taskbroker: {e}");
+            return EXIT_UNREACHABLE;
+        }
+    };
+    let code = if args.task {
+        as_task(&mut client, &args, &mut interrupt).await
+    } else {
+        plain(&client, &args, &mut interrupt).await
+    };
+    client.close().await;
+    code
+}
+
+/// A plain `tools/call` with a progressToken; Ctrl-C just exits.
+async fn plain(client: &McpClient, args: &CallArgs, interrupt: &mut Interrupt) -> u8 {
+    let token = json!(format!("{CLIENT_NAME}-{}", std::process::id()));
+    let params = json!({
+        "name": args.tool,
+        "arguments": args.args,
+        "_meta": { "progressToken": token },
+    });
+    let mut progress = Progress::new(&format!("calling {}", args.tool));
+    let call = client.request_with("tools/call", params, |note| {
+        let p = &note.params;
+        if note.method == "notifications/progress" && p.get("progressToken") == Some(&token) {
+            progress.update(
+                p.get("progress").and_then(Value::as_f64).unwrap_or(0.0),
+                p.get("total").and_then(Value::as_f64),
+                p.get("message").and_then(Value::as_str),
+            );
+        }
+    });
+    let outcome = tokio::select! {
+        outcome = call => Some(outcome),
+        () = interrupt.recv() => None,
+    };
+    progress.clear();
+    match outcome {
+        Some(Ok(result)) => print_result(&result, args.json),
+        Some(Err(e)) => fail(&e),
+        None => {
+            eprintln!("\ntaskbroker: interrupted");
+            EXIT_INTERRUPTED
+        }
+    }
+}
+
+/// `tools/call` with `params.task`, then poll `tasks/get` and fetch
+/// `tasks/result`; Ctrl-C asks whether to cancel the task.
+async fn as_task(client: &mut McpClient, args: &CallArgs, interrupt: &mut Interrupt) -> u8 {
+    let mut task_meta = json!({});
+    if let Some(ttl) = args.ttl {
+        task_meta["ttl"] = json!(ttl);
+    }
+    let params = json!({ "name": args.tool, "arguments": args.args, "task": task_meta });
+    let created = match client.request("tools/call", params).await {
+        Ok(r) => r,
+        Err(e) => return fail(&e),
+    };
+    let Some(mut task) = created.get("task").cloned() else {
+        if created.get("content").is_some() {
+            // The server ran it as a plain call after all.
+            return print_result(&created, args.json);
+        }
+        return fail(&McpError::Protocol(format!(
+            "tools/call with a task answered neither a task nor a result: {created}"
+        )));
+    };
+    let Some(task_id) = task
+        .get("taskId")
+        .and_then(Value::as_str)
+        .map(str::to_owned)
+    else {
+        return fail(&McpError::Protocol(format!(
+            "a task without taskId: {task}"
+        )));
+    };
+    eprintln!(
+        "taskbroker: task {task_id} (session {})",
+        client.session_id().unwrap_or("none")
+    );
+    let mut progress = Progress::new(&describe(&task_id, &task));
+    let task_params = json!({ "taskId": task_id });
+    while status(&task) == "working" {
+        let wait = poll_interval(&task);
+        let poll = async {
+            tokio::time::sleep(wait).await;
+            client.request("tasks/get", task_params.clone()).await
+        };
+        let polled = tokio::select! {
+            polled = poll => Some(polled),
+            () = interrupt.recv() => None,
+        };
+        match polled {
+            Some(Ok(t)) => task = t,
+            Some(Err(e)) => {
+                progress.clear();
+                return fail(&e);
+            }
+            None => return on_interrupt(client, &task_id, &mut progress, interrupt).await,
+        }
+        progress.message(&describe(&task_id, &task));
+    }
+    // Terminal (or input_required): tasks/result answers when it is over.
+    let fetch = client.request("tasks/result", task_params.clone());
+    let fetched = tokio::select! {
+        fetched = fetch => Some(fetched),
+        () = interrupt.recv() => None,
+    };
+    progress.clear();
+    match fetched {
+        Some(Ok(result)) => {
+            let code = print_result(&result, args.json);
+            if status(&task) == "failed" {
+                EXIT_FAILURE
+            } else {
+                code
+            }
+        }
+        Some(Err(e)) => fail(&e),
+        None => on_interrupt(client, &task_id, &mut progress, interrupt).await,
+    }
+}
+
+/// Ctrl-C during a task: ask on stderr, read one line from stdin; `y`
+/// cancels the task, anything else leaves it running in this session.
+async fn on_interrupt(
+    client: &mut McpClient,
+    task_id: &str,
+    progress: &mut Progress,
+    interrupt: &mut Interrupt,
+) -> u8 {
+    progress.clear();
+    eprint!("\nCancel task {task_id}? [y/N] ");
+    let _ = std::io::stderr().flush();
+    let answer = tokio::select! {
+        line = read_line() => line.unwrap_or_default(),
+        // A second Ctrl-C: leave the task alone.
+        () = interrupt.recv() => {
+            eprintln!();
+            String::new()
+        }
+    };
+    if matches!(answer.trim().to_ascii_lowercase().as_str(), "y" | "yes") {
+        match client
+            .request("tasks/cancel", json!({ "taskId": task_id }))
+            .await
+        {
+            Ok(task) => eprintln!("taskbroker: task {task_id} {}", status(&task)),
+            Err(e) => eprintln!("taskbroker: could not cancel task {task_id}: {e}"),
+        }
+        return EXIT_INTERRUPTED;
+    }
+    client.keep_session();
+    let session = client.session_id().unwrap_or("none").to_owned();
+    eprintln!(
+        "taskbroker: task {task_id} keeps running in session {session}.\n\
+         Tasks are visible only to the session that created them; fetch its result with:\n  \
+         taskbroker tasks result {task_id} --session {session} --url {}",
+        client.url()
+    );
+    EXIT_INTERRUPTED
+}
+
+/// Print an error on stderr; its exit code.
+fn fail(e: &McpError) -> u8 {
+    eprintln!("taskbroker: {e}");
+    e.exit_code()
+}
+
+fn status(task: &Value) -> &str {
+    task.get("status")
+        .and_then(Value::as_str)
+        .unwrap_or("unknown")
+}
+
+/// `task <id>: <status>: <statusMessage>`.
+fn describe(task_id: &str, task: &Value) -> String {
+    match task.get("statusMessage").and_then(Value::as_str) {
+        Some(message) => format!("task {task_id}: {}: {message}", status(task)),
+        None => format!("task {task_id}: {}", status(task)),
+    }
+}
+
+/// The task's pollInterval, kept between 50 ms and 60 s (1 s if absent).
+fn poll_interval(task: &Value) -> Duration {
+    let ms = task
+        .get("pollInterval")
+        .and_then(Value::as_u64)
+        .unwrap_or(1000);
+    Duration::from_millis(ms.clamp(50, 60_000))
+}
+
+/// One line from stdin; None at end of input or on error.
+async fn read_line() -> Option<String> {
+    let mut line = String::new();
+    match BufReader::new(tokio::io::stdin())
+        .read_line(&mut line)
+        .await
+    {
+        Ok(0) | Err(_) => None,
+        Ok(_) => Some(line),
+    }
+}
+
+/// SIGINT, listened for from creation on (a Ctrl-C that comes while nobody
+/// waits is kept for the next [`Interrupt::recv`]).
+struct Interrupt(Option<tokio::signal::unix::Signal>);
+
+impl Interrupt {
+    fn new() -> Self {
+        match tokio::signal::unix::signal(tokio::signal::unix::SignalKind::interrupt()) {
+            Ok(signal) => Self(Some(signal)),
+            Err(e) => {
+                tracing::warn!(error = %e, "cannot listen for Ctrl-C");
+                Self(None)
+            }
+        }
+    }
+
+    /// Wait for the next Ctrl-C (forever if we cannot listen).
+    async fn recv(&mut self) {
+        match self.0.as_mut() {
+            Some(signal) => {
+                signal.recv().await;
+            }
+            None => std::future::pending().await,
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn poll_interval_is_honoured_within_bounds() {
+        assert_eq!(
+            poll_interval(&json!({ "pollInterval": 250 })),
+            Duration::from_millis(250)
+        );
+        assert_eq!(poll_interval(&json!({})), Duration::from_secs(1));
+        assert_eq!(
+            poll_interval(&json!({ "pollInterval": 1 })),
+            Duration::from_millis(50)
+        );
+    }
+
+    #[test]
+    fn describe_shows_the_status_message() {
+        let task = json!({ "status": "working", "statusMessage": "slept 3 of 10 s" });
+        assert_eq!(describe("t1", &task), "task t1: working: slept 3 of 10 s");
+    }
+}

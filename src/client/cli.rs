@@ -1,0 +1,146 @@
+//! Command-line arguments of `taskbroker call` and `taskbroker tasks`.
+
+use clap::{Args, Subcommand};
+use reqwest::Url;
+use serde_json::{Map, Value};
+
+use super::DEFAULT_URL;
+
+const SESSION_HELP: &str = "Tasks belong to the MCP session that created them: a new session sees \
+none of another session's tasks. Pass --session with that session's id: the one `taskbroker call \
+--task` prints (open while the call runs, and after a Ctrl-C that leaves the task running), or one \
+given to `taskbroker call --session`.";
+
+const EXIT_HELP: &str = "Exit codes: 0 success; 1 the tool failed (isError, task failed or \
+cancelled, JSON-RPC error); 2 usage error (bad --args JSON, bad URL); 3 server unreachable or \
+protocol error; 130 interrupted (Ctrl-C).";
+
+/// Where the broker is, and which session to use.
+#[derive(Debug, Clone, Args)]
+pub struct Connection {
+    /// MCP endpoint of the broker (http:// only).
+    #[arg(long, env = "TASKBROKER_URL", default_value = DEFAULT_URL, value_parser = parse_url)]
+    pub url: Url,
+    /// Reuse this MCP session (its Mcp-Session-Id) instead of starting a
+    /// new one; it is not ended afterwards.
+    #[arg(long, value_name = "ID")]
+    pub session: Option<String>,
+}
+
+/// `taskbroker call TOOL ...`.
+#[derive(Debug, Clone, Args)]
+#[command(after_help = EXIT_HELP)]
+pub struct CallArgs {
+    /// The tool to call.
+    pub tool: String,
+    /// The tool's arguments: a JSON object.
+    #[arg(long, value_name = "JSON", default_value = "{}", value_parser = parse_json_object)]
+    pub args: Map<String, Value>,
+    /// Run the call as a task: print the task id to stderr, poll it, then
+    /// fetch its result. Ctrl-C asks whether to cancel it.
+    #[arg(long)]
+    pub task: bool,
+    /// Requested task lifetime in milliseconds (the server may clamp it).
+    #[arg(long, value_name = "MS", requires = "task", value_parser = clap::value_parser!(u64).range(1..))]
+    pub ttl: Option<u64>,
+    /// Print the whole result as JSON instead of its text content.
+    #[arg(long)]
+    pub json: bool,
+    /// Broker and session.
+    #[command(flatten)]
+    pub conn: Connection,
+}
+
+/// `taskbroker tasks ...`.
+#[derive(Debug, Clone, Args)]
+#[command(after_help = SESSION_HELP)]
+pub struct TasksArgs {
+    /// What to do.
+    #[command(subcommand)]
+    pub command: TasksCommand,
+}
+
+/// The `tasks` subcommands.
+#[derive(Debug, Clone, Subcommand)]
+pub enum TasksCommand {
+    /// One line per task of the session: taskId, status, lastUpdatedAt,
+    /// statusMessage (newest first).
+    #[command(after_help = SESSION_HELP)]
+    List {
+        /// Page through every task (tasks/list nextCursor), not just the first page.
+        #[arg(long)]
+        all: bool,
+        /// Broker and session.
+        #[command(flatten)]
+        conn: Connection,
+    },
+    /// Print a task (tasks/get) as JSON.
+    #[command(after_help = SESSION_HELP)]
+    Get {
+        /// The task id.
+        id: String,
+        /// Broker and session.
+        #[command(flatten)]
+        conn: Connection,
+    },
+    /// Wait for a task to end and print its result (tasks/result) as JSON;
+    /// exits 1 when the result has isError or is an error.
+    #[command(after_help = SESSION_HELP)]
+    Result {
+        /// The task id.
+        id: String,
+        /// Broker and session.
+        #[command(flatten)]
+        conn: Connection,
+    },
+    /// Cancel a task (tasks/cancel) and print it as JSON.
+    #[command(after_help = SESSION_HELP)]
+    Cancel {
+        /// The task id.
+        id: String,
+        /// Broker and session.
+        #[command(flatten)]
+        conn: Connection,
+    },
+}
+
+/// An `http://` URL with a host (this build has no TLS).
+fn parse_url(s: &str) -> Result<Url, String> {
+    let url = Url::parse(s).map_err(|e| format!("not a URL: {e}"))?;
+    match url.scheme() {
+        "http" if url.host().is_some() => Ok(url),
+        "http" => Err("the URL has no host".into()),
+        "https" => Err("https is not supported by this build (no TLS); use http://".into()),
+        other => Err(format!("unsupported scheme '{other}'; use http://")),
+    }
+}
+
+/// A JSON object, for `--args`.
+fn parse_json_object(s: &str) -> Result<Map<String, Value>, String> {
+    match serde_json::from_str::<Value>(s) {
+        Ok(Value::Object(map)) => Ok(map),
+        Ok(_) => Err("must be a JSON object, e.g. '{\"seconds\": 1}'".into()),
+        Err(e) => Err(format!("not valid JSON: {e}")),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn urls_must_be_http_with_a_host() {
+        assert!(parse_url("http://127.0.0.1:8808/mcp").is_ok());
+        assert!(parse_url("https://example.com/mcp").is_err());
+        assert!(parse_url("ftp://example.com/").is_err());
+        assert!(parse_url("not a url").is_err());
+    }
+
+    #[test]
+    fn args_must_be_a_json_object() {
+        assert!(parse_json_object("{}").is_ok());
+        assert!(parse_json_object(r#"{"seconds": 1}"#).is_ok());
+        assert!(parse_json_object("[1]").is_err());
+        assert!(parse_json_object("{seconds: 1}").is_err());
+    }
+}

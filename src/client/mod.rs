@@ -1,0 +1,446 @@
+//! The command-line MCP client: `taskbroker call` and `taskbroker tasks`.
+//!
+//! [`McpClient`] is a small Streamable HTTP client: it initializes a session
+//! (or reuses one), sends requests and accepts either a JSON or an SSE
+//! answer, hands notifications seen on an SSE answer to a callback, resumes
+//! a dropped SSE stream with `Last-Event-ID`, and ends its session with
+//! DELETE. The subcommands on top of it are [`call()`] and [`tasks()`].
+
+mod call;
+mod cli;
+mod error;
+mod output;
+mod progress;
+pub mod sse;
+mod tasks;
+
+use std::sync::atomic::{AtomicI64, Ordering};
+use std::time::Duration;
+
+use reqwest::Url;
+use reqwest::header::{ACCEPT, CONTENT_TYPE, HeaderMap, HeaderValue};
+use serde_json::{Value, json};
+
+pub use call::run as call;
+pub use cli::{CallArgs, Connection, TasksArgs, TasksCommand};
+pub use error::{EXIT_FAILURE, EXIT_INTERRUPTED, EXIT_OK, EXIT_UNREACHABLE, EXIT_USAGE, McpError};
+pub use tasks::run as tasks;
+
+use crate::mcp::{LATEST_PROTOCOL_VERSION, RpcError};
+use sse::SseParser;
+
+/// `clientInfo.name` sent in initialize.
+pub const CLIENT_NAME: &str = "taskbroker-cli";
+/// The endpoint used when neither `--url` nor `TASKBROKER_URL` says otherwise.
+pub const DEFAULT_URL: &str = "http://127.0.0.1:8808/mcp";
+
+const SESSION_HEADER: &str = "mcp-session-id";
+const VERSION_HEADER: &str = "mcp-protocol-version";
+/// Reconnections tried in a row when an SSE stream ends without the response.
+const MAX_RESUMES: u32 = 5;
+
+/// A notification the server sent on a request's SSE stream.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Notification {
+    /// e.g. `notifications/progress`.
+    pub method: String,
+    /// Its params (`null` when it had none).
+    pub params: Value,
+}
+
+/// An MCP client over Streamable HTTP, bound to one session.
+#[derive(Debug)]
+pub struct McpClient {
+    /// The HTTP client (connection pool).
+    http: reqwest::Client,
+    /// The MCP endpoint.
+    url: Url,
+    /// `Mcp-Session-Id`, once initialized (or given).
+    session: Option<String>,
+    /// Sent as `MCP-Protocol-Version` once a session exists.
+    protocol_version: String,
+    /// Whether [`McpClient::close`] ends the session with DELETE.
+    owns_session: bool,
+    /// The next JSON-RPC request id.
+    next_id: AtomicI64,
+}
+
+impl McpClient {
+    /// A client for `url` with no session yet.
+    pub fn new(url: Url) -> Result<Self, McpError> {
+        let http = reqwest::Client::builder()
+            .connect_timeout(Duration::from_secs(10))
+            // taskbroker sends SSE keep-alives every 15 s; silence this
+            // long means the connection is dead.
+            .read_timeout(Duration::from_secs(300))
+            .build()
+            .map_err(|e| McpError::Protocol(format!("cannot build the HTTP client: {e}")))?;
+        Ok(Self {
+            http,
+            url,
+            session: None,
+            protocol_version: LATEST_PROTOCOL_VERSION.to_owned(),
+            owns_session: false,
+            next_id: AtomicI64::new(1),
+        })
+    }
+
+    /// A client with a new, initialized session.
+    pub async fn connect(url: Url) -> Result<Self, McpError> {
+        let mut client = Self::new(url)?;
+        client.initialize().await?;
+        Ok(client)
+    }
+
+    /// A client that reuses an existing session (made by another process):
+    /// no initialize, and [`McpClient::close`] leaves the session alone.
+    pub fn with_session(url: Url, session_id: &str) -> Result<Self, McpError> {
+        let mut client = Self::new(url)?;
+        client.session = Some(session_id.to_owned());
+        Ok(client)
+    }
+
+    /// A client for a command line's [`Connection`]: the given session, or a
+    /// new one.
+    pub async fn open(conn: &Connection) -> Result<Self, McpError> {
+        match &conn.session {
+            Some(id) => Self::with_session(conn.url.clone(), id),
+            None => Self::connect(conn.url.clone()).await,
+        }
+    }
+
+    /// The endpoint.
+    pub fn url(&self) -> &Url {
+        &self.url
+    }
+
+    /// The session id, once there is one.
+    pub fn session_id(&self) -> Option<&str> {
+        self.session.as_deref()
+    }
+
+    /// Keep the session alive after [`McpClient::close`] (e.g. to fetch a
+    /// task's result from it later).
+    pub fn keep_session(&mut self) {
+        self.owns_session = false;
+    }
+
+    /// initialize (protocol 2025-11-25, no client capabilities), remember the
+    /// session, send notifications/initialized. Returns the initialize result.
+    pub async fn initialize(&mut self) -> Result<Value, McpError> {
+        let params = json!({
+            "protocolVersion": LATEST_PROTOCOL_VERSION,
+            "capabilities": {},
+            "clientInfo": { "name": CLIENT_NAME, "version": env!("CARGO_PKG_VERSION") },
+        });
+        let id = self.next_id.fetch_add(1, Ordering::Relaxed);
+        let response = self.post(&request_body(id, "initialize", params)).await?;
+        let session = response
+            .headers()
+            .get(SESSION_HEADER)
+            .and_then(|v| v.to_str().ok())
+            .map(str::to_owned);
+        let result = self.answer(id, response, &mut |_| {}).await?;
+        if let Some(version) = result.get("protocolVersion").and_then(Value::as_str) {
+            self.protocol_version = version.to_owned();
+        }
+        self.owns_session = session.is_some();
+        self.session = session;
+        tracing::debug!(session = ?self.session, version = %self.protocol_version, "initialized");
+        self.notify("notifications/initialized", None).await?;
+        Ok(result)
+    }
+
+    /// Send a request; returns its `result`, or its JSON-RPC error as
+    /// [`McpError::Rpc`].
+    pub async fn request(&self, method: &str, params: Value) -> Result<Value, McpError> {
+        self.request_with(method, params, |_| {}).await
+    }
+
+    /// Send a request; notifications that arrive on its SSE answer before
+    /// the response go to `on_note`, in order. Requests from the server on
+    /// that stream are answered: `ping` with `{}`, anything else with -32601.
+    pub async fn request_with(
+        &self,
+        method: &str,
+        params: Value,
+        mut on_note: impl FnMut(Notification),
+    ) -> Result<Value, McpError> {
+        let id = self.next_id.fetch_add(1, Ordering::Relaxed);
+        let response = self.post(&request_body(id, method, params)).await?;
+        self.answer(id, response, &mut on_note).await
+    }
+
+    /// Send a notification (no answer expected beyond HTTP 202).
+    pub async fn notify(&self, method: &str, params: Option<Value>) -> Result<(), McpError> {
+        let mut body = json!({ "jsonrpc": "2.0", "method": method });
+        if let Some(params) = params {
+            body["params"] = params;
+        }
+        self.post(&body).await.map(drop)
+    }
+
+    /// End the session with DELETE if this client made it (best effort: an
+    /// error is only logged).
+    pub async fn close(self) {
+        let (true, Some(session)) = (self.owns_session, &self.session) else {
+            return;
+        };
+        let sent = self
+            .http
+            .delete(self.url.clone())
+            .headers(self.headers())
+            .timeout(Duration::from_secs(2))
+            .send()
+            .await;
+        match sent {
+            Ok(r) => tracing::debug!(session, status = %r.status(), "session deleted"),
+            Err(e) => tracing::debug!(session, error = %e, "session delete failed"),
+        }
+    }
+
+    fn headers(&self) -> HeaderMap {
+        let mut h = HeaderMap::new();
+        h.insert(CONTENT_TYPE, HeaderValue::from_static("application/json"));
+        h.insert(
+            ACCEPT,
+            HeaderValue::from_static("application/json, text/event-stream"),
+        );
+        if let Some(session) = &self.session
+            && let Ok(value) = HeaderValue::from_str(session)
+        {
+            h.insert(SESSION_HEADER, value);
+            if let Ok(version) = HeaderValue::from_str(&self.protocol_version) {
+                h.insert(VERSION_HEADER, version);
+            }
+        }
+        h
+    }
+
+    /// POST one message; a non-2xx answer is an error.
+    async fn post(&self, body: &Value) -> Result<reqwest::Response, McpError> {
+        let response = self
+            .http
+            .post(self.url.clone())
+            .headers(self.headers())
+            .body(body.to_string())
+            .send()
+            .await
+            .map_err(|e| self.send_error(e))?;
+        check_status(response).await
+    }
+
+    fn send_error(&self, e: reqwest::Error) -> McpError {
+        if e.is_connect() {
+            McpError::Connect {
+                url: self.url.to_string(),
+                reason: root_cause(&e),
+            }
+        } else {
+            McpError::Transport(error_chain(&e))
+        }
+    }
+
+    /// Read the answer to request `id`: one JSON message, or an SSE stream
+    /// (resumed with GET and `Last-Event-ID` if it ends early).
+    async fn answer(
+        &self,
+        id: i64,
+        response: reqwest::Response,
+        on_note: &mut dyn FnMut(Notification),
+    ) -> Result<Value, McpError> {
+        if !is_sse(&response) {
+            let text = response.text().await.map_err(|e| self.send_error(e))?;
+            let message: Value = serde_json::from_str(&text)
+                .map_err(|e| McpError::Protocol(format!("answer is not JSON ({e}): {text}")))?;
+            return match self.handle(id, message, on_note).await {
+                Some(outcome) => outcome,
+                None => Err(McpError::Protocol(format!(
+                    "the answer is not the response to request {id}"
+                ))),
+            };
+        }
+        let mut response = response;
+        let mut last_event_id: Option<String> = None;
+        let mut retry = Duration::from_millis(1000);
+        let mut resumes = 0;
+        loop {
+            let mut parser = SseParser::new();
+            while let Some(chunk) = response.chunk().await.map_err(|e| self.send_error(e))? {
+                for event in parser.push(&chunk) {
+                    if let Some(event_id) = event.id {
+                        last_event_id = Some(event_id);
+                    }
+                    if let Some(ms) = event.retry {
+                        retry = Duration::from_millis(ms.min(60_000));
+                    }
+                    if event.data.trim().is_empty() {
+                        continue;
+                    }
+                    resumes = 0;
+                    let message: Value = serde_json::from_str(&event.data).map_err(|e| {
+                        McpError::Protocol(format!("SSE data is not JSON ({e}): {}", event.data))
+                    })?;
+                    if let Some(outcome) = self.handle(id, message, on_note).await {
+                        return outcome;
+                    }
+                }
+            }
+            let Some(last) = last_event_id.clone() else {
+                return Err(McpError::Protocol(
+                    "the SSE stream ended without a response".into(),
+                ));
+            };
+            resumes += 1;
+            if resumes > MAX_RESUMES {
+                return Err(McpError::Protocol(format!(
+                    "the SSE stream ended without a response ({MAX_RESUMES} reconnections failed)"
+                )));
+            }
+            tracing::debug!(last_event_id = %last, ?retry, "SSE stream ended early; resuming");
+            tokio::time::sleep(retry).await;
+            response = self.resume(&last).await?;
+        }
+    }
+
+    /// GET the rest of a stream after `last_event_id`.
+    async fn resume(&self, last_event_id: &str) -> Result<reqwest::Response, McpError> {
+        let mut headers = self.headers();
+        headers.insert(ACCEPT, HeaderValue::from_static("text/event-stream"));
+        headers.remove(CONTENT_TYPE);
+        if let Ok(value) = HeaderValue::from_str(last_event_id) {
+            headers.insert("last-event-id", value);
+        }
+        let response = self
+            .http
+            .get(self.url.clone())
+            .headers(headers)
+            .send()
+            .await
+            .map_err(|e| self.send_error(e))?;
+        let response = check_status(response).await?;
+        if is_sse(&response) {
+            Ok(response)
+        } else {
+            Err(McpError::Protocol(
+                "resuming the stream did not give an SSE answer".into(),
+            ))
+        }
+    }
+
+    /// Handle one message of an answer: the response to `id` ends the wait
+    /// (`Some`); notifications go to `on_note`; server requests are answered.
+    async fn handle(
+        &self,
+        id: i64,
+        message: Value,
+        on_note: &mut dyn FnMut(Notification),
+    ) -> Option<Result<Value, McpError>> {
+        let method = message.get("method").and_then(Value::as_str);
+        match (method, message.get("id")) {
+            (Some(method), Some(request_id)) => {
+                self.answer_server_request(method, request_id).await;
+                None
+            }
+            (Some(method), None) => {
+                on_note(Notification {
+                    method: method.to_owned(),
+                    params: message.get("params").cloned().unwrap_or(Value::Null),
+                });
+                None
+            }
+            // A null id: the server could not read our request's id.
+            (None, Some(answer_id)) if *answer_id == json!(id) || answer_id.is_null() => {
+                if let Some(error) = message.get("error") {
+                    Some(Err(McpError::Rpc(RpcError::from_json(error))))
+                } else if let Some(result) = message.get("result") {
+                    Some(Ok(result.clone()))
+                } else {
+                    Some(Err(McpError::Protocol(format!(
+                        "response without result or error: {message}"
+                    ))))
+                }
+            }
+            _ => {
+                tracing::debug!(%message, "ignored a message for someone else");
+                None
+            }
+        }
+    }
+
+    /// We declare no capabilities, so only `ping` gets a real answer.
+    async fn answer_server_request(&self, method: &str, request_id: &Value) {
+        let body = if method == "ping" {
+            json!({ "jsonrpc": "2.0", "id": request_id, "result": {} })
+        } else {
+            json!({ "jsonrpc": "2.0", "id": request_id,
+                    "error": { "code": -32601, "message": format!("Method not found: {method}") } })
+        };
+        if let Err(e) = self.post(&body).await {
+            tracing::debug!(method, error = %e, "answering a server request failed");
+        }
+    }
+}
+
+fn request_body(id: i64, method: &str, params: Value) -> Value {
+    json!({ "jsonrpc": "2.0", "id": id, "method": method, "params": params })
+}
+
+fn is_sse(response: &reqwest::Response) -> bool {
+    response
+        .headers()
+        .get(CONTENT_TYPE)
+        .and_then(|v| v.to_str().ok())
+        .is_some_and(|ct| ct.trim_start().starts_with("text/event-stream"))
+}
+
+/// Turn a non-2xx answer into [`McpError::Http`], with the JSON-RPC error
+/// message of its body when it has one.
+async fn check_status(response: reqwest::Response) -> Result<reqwest::Response, McpError> {
+    let status = response.status();
+    if status.is_success() {
+        return Ok(response);
+    }
+    let body = response.text().await.unwrap_or_default();
+    let message = serde_json::from_str::<Value>(&body)
+        .ok()
+        .and_then(|v| v.pointer("/error/message")?.as_str().map(str::to_owned))
+        .unwrap_or_else(|| {
+            let reason = status.canonical_reason().unwrap_or("error");
+            let body: String = body.chars().take(300).collect();
+            if body.trim().is_empty() {
+                reason.to_owned()
+            } else {
+                format!("{reason}: {}", body.trim())
+            }
+        });
+    Err(McpError::Http {
+        status: status.as_u16(),
+        message,
+    })
+}
+
+/// The innermost cause of an error (e.g. "Connection refused (os error 111)").
+fn root_cause(e: &dyn std::error::Error) -> String {
+    let mut cause = e;
+    while let Some(next) = cause.source() {
+        cause = next;
+    }
+    cause.to_string()
+}
+
+/// An error and its causes, `: `-separated (reqwest's own message rarely
+/// says "connection refused").
+fn error_chain(e: &dyn std::error::Error) -> String {
+    let mut text = e.to_string();
+    let mut source = e.source();
+    while let Some(cause) = source {
+        let line = cause.to_string();
+        if !text.contains(&line) {
+            text.push_str(": ");
+            text.push_str(&line);
+        }
+        source = cause.source();
+    }
+    text
+}
