@@ -187,6 +187,22 @@ impl Config {
         Ok(config)
     }
 
+    /// Refuse a command tool named like a built-in tool that will be
+    /// served beside it (`kind` says which, e.g. "a built-in demo tool").
+    pub fn check_reserved<'a>(
+        &self,
+        names: impl IntoIterator<Item = &'a str>,
+        kind: &str,
+    ) -> Result<(), ConfigError> {
+        for name in names {
+            if let Some(section) = self.file.tools.iter().find(|t| t.name.get_ref() == name) {
+                let line = self.line_of(section.name.span().start);
+                return Err(self.error(line, format!("duplicate tool name '{name}' ({kind})")));
+            }
+        }
+        Ok(())
+    }
+
     fn line_of(&self, offset: usize) -> usize {
         self.text[..offset.min(self.text.len())]
             .matches('\n')

@@ -161,17 +161,27 @@ fn load_config(path: Option<&PathBuf>) -> anyhow::Result<Config> {
 }
 
 /// Demo tools (unless turned off), conformance fixtures (if asked), then
-/// the config's command tools.
-fn tools(config: &Config, no_demo: bool, conformance: bool) -> Vec<Arc<dyn Tool>> {
+/// the config's command tools, none of which may take a built-in's name.
+fn tools(config: &Config, no_demo: bool, conformance: bool) -> anyhow::Result<Vec<Arc<dyn Tool>>> {
     let mut tools = Vec::new();
     if !no_demo && config.file.server.demo_tools.unwrap_or(true) {
-        tools.extend(demo_tools());
+        let demo = demo_tools();
+        config.check_reserved(
+            demo.iter().map(|t| t.definition().name.as_str()),
+            "a built-in demo tool",
+        )?;
+        tools.extend(demo);
     }
     if conformance || config.file.server.conformance_tools.unwrap_or(false) {
-        tools.extend(conformance_tools());
+        let fixtures = conformance_tools();
+        config.check_reserved(
+            fixtures.iter().map(|t| t.definition().name.as_str()),
+            "a conformance fixture tool",
+        )?;
+        tools.extend(fixtures);
     }
     tools.extend(config.tools.iter().cloned());
-    tools
+    Ok(tools)
 }
 
 fn durability(flag: Option<Durability>, file: &Option<String>) -> anyhow::Result<Durability> {
@@ -252,7 +262,7 @@ impl ServeArgs {
                 ..ServerConfig::default()
             },
             shutdown_grace: Duration::from_secs(5),
-            tools: tools(&config, self.no_demo_tools, self.conformance_tools),
+            tools: tools(&config, self.no_demo_tools, self.conformance_tools)?,
         })
     }
 }
@@ -292,7 +302,7 @@ impl WorkerArgs {
             lease,
             grace,
             durability: durability(self.durability, &s.durability)?,
-            tools: tools(&config, self.no_demo_tools, false),
+            tools: tools(&config, self.no_demo_tools, false)?,
         })
     }
 }
