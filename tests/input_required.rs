@@ -1,0 +1,341 @@
+//! input_required across processes and restarts (T-24..T-27), task status
+//! notifications (T-31), notifications/cancelled for plain calls (T-23),
+//! and resumption of a plain call's stream with Last-Event-ID (H-4).
+
+#![allow(clippy::unwrap_used)] // tests: a failed unwrap is a failed test
+
+mod common;
+
+use std::time::{Duration, Instant};
+
+use common::{Client, Server, SseReader, WorkerProc, parse_time_ms};
+use reqwest::header::HeaderValue;
+use serde_json::{Value, json};
+
+const RELATED: &str = "io.modelcontextprotocol/related-task";
+
+async fn elicit_client(server: &Server) -> Client {
+    let mut c = Client::new(&server.url);
+    c.initialize_with(json!({"elicitation": {}})).await;
+    c
+}
+
+async fn wait_status(c: &mut Client, task_id: &str, status: &str) -> Value {
+    let deadline = Instant::now() + Duration::from_secs(15);
+    loop {
+        let t = c.ok("tasks/get", json!({"taskId": task_id})).await;
+        if t["status"] == status {
+            return t;
+        }
+        assert!(Instant::now() < deadline, "task never {status}: {t}");
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+}
+
+/// Open tasks/result and read until the pending request arrives.
+async fn open_result(c: &mut Client, task_id: &str) -> (SseReader, Value) {
+    let (_, response) = c
+        .post_stream("tasks/result", json!({"taskId": task_id}))
+        .await;
+    let mut sse = SseReader::new(response);
+    loop {
+        let (_, m) = sse
+            .next_message()
+            .await
+            .expect("a request before the stream ends");
+        if m.get("method").is_some() && m.get("id").is_some() {
+            return (sse, m);
+        }
+    }
+}
+
+async fn answer(c: &Client, request: &Value, result: Value) {
+    let body = json!({"jsonrpc": "2.0", "id": request["id"], "result": result});
+    let raw = c.post_raw(c.headers(), body.to_string()).await;
+    assert_eq!(raw.status, 202, "{}", raw.body);
+}
+
+/// The final response on a tasks/result stream, skipping notifications.
+async fn final_response(sse: &mut SseReader) -> Value {
+    loop {
+        let (_, m) = sse.next_message().await.expect("the response");
+        if m.get("result").is_some() || m.get("error").is_some() {
+            return m;
+        }
+    }
+}
+
+/// Covers T-24, T-25, T-26, T-27 with the tool in a separate worker
+/// process: input_required, the request on tasks/result with related-task
+/// _meta, the answer by POST, back to working, completed.
+#[tokio::test]
+async fn t24_t27_elicitation_round_trip_through_a_task_in_a_worker_process() {
+    let server = Server::start(&["--workers", "0"]);
+    let _w = WorkerProc::start(&server, 0, &["--lease", "5"]);
+    let mut c = elicit_client(&server).await;
+    let t = c
+        .call_task("approve", json!({"question": "Deploy to production?"}))
+        .await;
+    let id = t["taskId"].as_str().unwrap().to_owned();
+    let waiting = wait_status(&mut c, &id, "input_required").await;
+    assert!(
+        waiting["statusMessage"]
+            .as_str()
+            .unwrap()
+            .contains("elicitation/create")
+    );
+    let (mut sse, request) = open_result(&mut c, &id).await;
+    assert_eq!(request["method"], "elicitation/create");
+    assert_eq!(request["params"]["message"], "Deploy to production?");
+    assert_eq!(request["params"]["mode"], "form");
+    assert_eq!(
+        request["params"]["requestedSchema"]["properties"]["approved"]["type"],
+        "boolean"
+    );
+    assert_eq!(request["params"]["_meta"][RELATED]["taskId"], json!(id)); // T-25
+    answer(
+        &c,
+        &request,
+        json!({"action": "accept", "content": {"approved": true}}),
+    )
+    .await;
+    let response = final_response(&mut sse).await;
+    assert_eq!(response["result"]["content"][0]["text"], "approved");
+    assert_eq!(response["result"]["structuredContent"]["approved"], true);
+    assert_eq!(response["result"]["_meta"][RELATED]["taskId"], json!(id));
+    let db = server.read_db().await;
+    let history: Vec<String> =
+        sqlx::query_scalar("SELECT to_status FROM v_task_history WHERE task_id = ? ORDER BY id")
+            .bind(&id)
+            .fetch_all(&db)
+            .await
+            .unwrap();
+    assert_eq!(
+        history,
+        ["working", "input_required", "working", "completed"]
+    );
+    let ran_by: String = sqlx::query_scalar(
+        "SELECT j.lease_owner FROM jobs j JOIN tasks t ON t.seq = j.task_seq WHERE t.task_id = ?",
+    )
+    .bind(&id)
+    .fetch_one(&db)
+    .await
+    .unwrap();
+    assert!(
+        ran_by.contains(&format!(":{}:", _w.pid())),
+        "ran in the worker process: {ran_by}"
+    );
+}
+
+/// Covers T-26 across a restart: kill -9 the server while the task waits;
+/// after restart tasks/result delivers the same request (same id) and the
+/// answer reaches the tool in the worker process that never died.
+#[tokio::test]
+async fn t26_pending_request_survives_a_server_restart() {
+    let mut server = Server::start(&["--workers", "0"]);
+    let w = WorkerProc::start(&server, 0, &["--lease", "5"]);
+    let mut c = elicit_client(&server).await;
+    let t = c
+        .call_task("approve", json!({"question": "Restart-proof?"}))
+        .await;
+    let id = t["taskId"].as_str().unwrap().to_owned();
+    wait_status(&mut c, &id, "input_required").await;
+    let (sse, first) = open_result(&mut c, &id).await;
+    drop(sse);
+    server.kill_and_restart();
+    c.reconnect(&server.url);
+    assert_eq!(
+        c.ok("tasks/get", json!({"taskId": id})).await["status"],
+        "input_required"
+    );
+    let (mut sse, again) = open_result(&mut c, &id).await;
+    assert_eq!(again["id"], first["id"], "same request id after restart");
+    assert_eq!(again["params"], first["params"]);
+    answer(
+        &c,
+        &again,
+        json!({"action": "accept", "content": {"approved": false}}),
+    )
+    .await;
+    let response = final_response(&mut sse).await;
+    assert_eq!(response["result"]["content"][0]["text"], "not approved");
+    assert!(w.log().contains("task asks the client"), "the worker asked");
+}
+
+/// Decline and cancel actions reach the tool as such.
+#[tokio::test]
+async fn t27_decline_and_cancel_actions_reach_the_tool() {
+    let server = Server::start(&[]);
+    let mut c = elicit_client(&server).await;
+    for (action, text) in [
+        ("decline", "the user declined to answer"),
+        ("cancel", "the user did not answer (cancel)"),
+    ] {
+        let t = c.call_task("approve", json!({"question": "?"})).await;
+        let id = t["taskId"].as_str().unwrap().to_owned();
+        let (mut sse, request) = open_result(&mut c, &id).await;
+        answer(&c, &request, json!({"action": action})).await;
+        let response = final_response(&mut sse).await;
+        assert_eq!(response["result"]["content"][0]["text"], text);
+        assert_eq!(response["result"]["structuredContent"]["action"], action);
+    }
+}
+
+/// H-12: a client that did not declare elicitation is never asked: the
+/// tool hears so, and its task fails with the reason (T-12).
+#[tokio::test]
+async fn h12_a_task_cannot_ask_a_client_without_the_capability() {
+    let server = Server::start(&[]);
+    let mut c = server.client().await;
+    let t = c.call_task("approve", json!({"question": "?"})).await;
+    let id = t["taskId"].as_str().unwrap();
+    let done = c.wait_terminal(id, Duration::from_secs(10)).await;
+    assert_eq!(done["status"], "failed");
+    assert!(
+        done["statusMessage"]
+            .as_str()
+            .unwrap()
+            .contains("could not ask the user"),
+        "{done}"
+    );
+}
+
+/// T-21/T-22 while input_required: cancel ends it at once, and a late answer
+/// changes nothing.
+#[tokio::test]
+async fn t21_cancel_while_input_required() {
+    let server = Server::start(&[]);
+    let mut c = elicit_client(&server).await;
+    let t = c.call_task("approve", json!({"question": "?"})).await;
+    let id = t["taskId"].as_str().unwrap().to_owned();
+    let (sse, request) = open_result(&mut c, &id).await;
+    drop(sse);
+    assert_eq!(
+        c.ok("tasks/cancel", json!({"taskId": id})).await["status"],
+        "cancelled"
+    );
+    answer(
+        &c,
+        &request,
+        json!({"action": "accept", "content": {"approved": true}}),
+    )
+    .await;
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    assert_eq!(
+        c.ok("tasks/get", json!({"taskId": id})).await["status"],
+        "cancelled"
+    );
+    assert_eq!(
+        c.err("tasks/result", json!({"taskId": id})).await["code"],
+        -32800
+    );
+}
+
+/// Covers T-31: notifications/tasks/status with the full Task on the
+/// session's GET stream, for changes written by a worker process. Prints
+/// the delay from the worker's status write (lastUpdatedAt) to receipt.
+#[tokio::test]
+async fn t31_status_notifications_on_the_get_stream_from_a_worker_process() {
+    let server = Server::start(&["--workers", "0"]);
+    let _w = WorkerProc::start(&server, 0, &["--lease", "5"]);
+    let mut c = server.client().await;
+    let mut h = c.headers();
+    h.insert("accept", HeaderValue::from_static("text/event-stream"));
+    let r = c.http.get(&c.url).headers(h).send().await.unwrap();
+    let mut get = SseReader::new(r);
+    get.next_event().await.unwrap(); // priming
+    let mut delays = Vec::new();
+    for _ in 0..5 {
+        let t = c.call_task("sleep", json!({"seconds": 0.2})).await;
+        let id = t["taskId"].as_str().unwrap().to_owned();
+        loop {
+            let (_, m) = get.next_message().await.unwrap();
+            assert_eq!(m["method"], "notifications/tasks/status");
+            assert!(
+                m["params"].get("_meta").is_none(),
+                "T-30: no related-task _meta"
+            );
+            if m["params"]["taskId"] == json!(id) && m["params"]["status"] == "completed" {
+                let written = parse_time_ms(m["params"]["lastUpdatedAt"].as_str().unwrap());
+                let now = time::OffsetDateTime::now_utc().unix_timestamp_nanos() / 1_000_000;
+                delays.push(now - written);
+                assert!(m["params"]["createdAt"].is_string() && m["params"]["ttl"].is_i64());
+                break;
+            }
+        }
+    }
+    delays.sort();
+    eprintln!(
+        "worker status write -> GET stream notification: {delays:?} ms (median {} ms)",
+        delays[2]
+    );
+    assert!(delays[2] < 500, "median delay {} ms", delays[2]);
+}
+
+/// Covers T-23: notifications/cancelled stops a plain call in flight.
+#[tokio::test]
+async fn t23_notifications_cancelled_stops_a_plain_call() {
+    let server = Server::start(&[]);
+    let mut c = server.client().await;
+    let (id, response) = c
+        .post_stream(
+            "tools/call",
+            json!({"name": "sleep", "arguments": {"seconds": 30}}),
+        )
+        .await;
+    let mut sse = SseReader::new(response);
+    sse.next_event().await.unwrap(); // priming: the call is running
+    let note = json!({"jsonrpc": "2.0", "method": "notifications/cancelled", "params": {"requestId": id, "reason": "test"}});
+    let started = Instant::now();
+    assert_eq!(c.post_raw(c.headers(), note.to_string()).await.status, 202);
+    let (_, m) = sse.next_message().await.unwrap();
+    assert_eq!(m["id"], id);
+    assert_eq!(m["error"]["code"], -32800);
+    assert!(started.elapsed() < Duration::from_secs(2));
+}
+
+/// Covers H-4: a client that drops a plain call's stream and reconnects
+/// with Last-Event-ID gets exactly the messages it missed, in order, with
+/// no duplicates.
+#[tokio::test]
+async fn h4_resume_gets_exactly_the_missed_messages_in_order() {
+    let server = Server::start(&[]);
+    let mut c = server.client().await;
+    let (id, response) = c
+        .post_stream(
+            "tools/call",
+            json!({"name": "sleep", "arguments": {"seconds": 3}, "_meta": {"progressToken": "r"}}),
+        )
+        .await;
+    let mut sse = SseReader::new(response);
+    sse.next_event().await.unwrap(); // priming
+    let (first, m) = sse.next_message().await.unwrap();
+    assert_eq!(m["params"]["progress"], 1.0);
+    drop(sse); // the connection drops; the call goes on
+    tokio::time::sleep(Duration::from_millis(2500)).await; // progress 2, 3 and the result pass
+    let mut h = c.headers();
+    h.insert("accept", HeaderValue::from_static("text/event-stream"));
+    h.insert(
+        "last-event-id",
+        HeaderValue::from_str(first.id.as_deref().unwrap()).unwrap(),
+    );
+    let r = c.http.get(&c.url).headers(h).send().await.unwrap();
+    let mut resumed = SseReader::new(r);
+    let mut seen = Vec::new();
+    while let Some((event, m)) = resumed.next_message().await {
+        seen.push((event.id.unwrap(), m));
+    }
+    let progress: Vec<f64> = seen
+        .iter()
+        .filter(|(_, m)| m["method"] == "notifications/progress")
+        .map(|(_, m)| m["params"]["progress"].as_f64().unwrap())
+        .collect();
+    assert_eq!(
+        progress,
+        vec![2.0, 3.0],
+        "exactly the missed progress, in order"
+    );
+    assert_eq!(seen.last().unwrap().1["id"], id);
+    let ids: std::collections::HashSet<_> = seen.iter().map(|(i, _)| i.clone()).collect();
+    assert_eq!(ids.len(), seen.len(), "no duplicate event ids");
+}
