@@ -339,3 +339,76 @@ async fn h4_resume_gets_exactly_the_missed_messages_in_order() {
     let ids: std::collections::HashSet<_> = seen.iter().map(|(i, _)| i.clone()).collect();
     assert_eq!(ids.len(), seen.len(), "no duplicate event ids");
 }
+
+/// Covers H-4 and T-31 for the session's GET stream: event ids are feed
+/// positions; a client that reconnects with Last-Event-ID, even after a
+/// kill -9 and restart of the server, gets exactly the status changes it
+/// missed, in order, without duplicates (they are read from the database).
+#[tokio::test]
+async fn h4_get_stream_resumes_from_the_database_after_a_restart() {
+    let mut server = Server::start(&[]);
+    let mut c = server.client().await;
+    let open_get = |c: &Client, last: Option<String>| {
+        let mut h = c.headers();
+        h.insert("accept", HeaderValue::from_static("text/event-stream"));
+        if let Some(last) = last {
+            h.insert("last-event-id", HeaderValue::from_str(&last).unwrap());
+        }
+        c.http.get(&c.url).headers(h).send()
+    };
+    let mut get = SseReader::new(open_get(&c, None).await.unwrap());
+    let priming = get.next_event().await.unwrap();
+    assert!(priming.id.as_deref().unwrap().starts_with("g-"));
+    let first = c.call_task("sleep", json!({"seconds": 0})).await;
+    let last_id = loop {
+        let (event, m) = get.next_message().await.unwrap();
+        if m["params"]["taskId"] == first["taskId"] && m["params"]["status"] == "completed" {
+            break event.id.unwrap();
+        }
+    };
+    drop(get);
+    // Missed while away: two more tasks, start to end.
+    let mut missed = Vec::new();
+    for _ in 0..2 {
+        let t = c.call_task("sleep", json!({"seconds": 0})).await;
+        c.wait_terminal(t["taskId"].as_str().unwrap(), Duration::from_secs(10))
+            .await;
+        missed.push(t["taskId"].clone());
+    }
+    server.kill_and_restart();
+    c.reconnect(&server.url);
+    let mut get = SseReader::new(open_get(&c, Some(last_id.clone())).await.unwrap());
+    get.next_event().await.unwrap(); // priming
+    let mut seen = Vec::new();
+    while seen.len() < 4 {
+        let (event, m) = get.next_message().await.unwrap();
+        seen.push((
+            event.id.unwrap(),
+            m["params"]["taskId"].clone(),
+            m["params"]["status"].clone(),
+        ));
+    }
+    let expected: Vec<(Value, Value)> = missed
+        .iter()
+        .flat_map(|id| {
+            [
+                (id.clone(), json!("working")),
+                (id.clone(), json!("completed")),
+            ]
+        })
+        .collect();
+    let got: Vec<(Value, Value)> = seen
+        .iter()
+        .map(|(_, t, s)| (t.clone(), s.clone()))
+        .collect();
+    assert_eq!(got, expected, "exactly the missed changes, in order");
+    let positions: Vec<i64> = seen
+        .iter()
+        .map(|(id, _, _)| id.trim_start_matches("g-").parse().unwrap())
+        .collect();
+    assert!(
+        positions.windows(2).all(|w| w[0] < w[1]),
+        "increasing, no duplicates: {positions:?}"
+    );
+    assert!(positions[0] > last_id.trim_start_matches("g-").parse::<i64>().unwrap());
+}

@@ -17,8 +17,8 @@ use tokio::sync::{Notify, broadcast, mpsc};
 use crate::clock::now_ms;
 use crate::mcp::{ErrorCode, RpcError};
 use crate::store::{
-    AnswerOutcome, CancelOutcome, NewJob, NewTask, ProgressEvent, Store, StoreError, TaskMessage,
-    TaskOutcome, TaskRow,
+    AnswerOutcome, CancelOutcome, NewJob, NewTask, ProgressEvent, Store, StoreError, TaskEvent,
+    TaskMessage, TaskOutcome, TaskRow,
 };
 use crate::tools::{Registry, TaskSupport, Tool, ToolOutcome};
 
@@ -176,6 +176,21 @@ fn task_from_row(row: &TaskRow) -> Task {
             .progress_token
             .as_deref()
             .and_then(|t| serde_json::from_str(t).ok()),
+    }
+}
+
+/// The task as it was right after the change `event` (for status
+/// notifications, live or replayed).
+pub fn task_at_event(event: &TaskEvent) -> Task {
+    Task {
+        task_id: event.task_id.clone(),
+        status: event.to_status.parse().unwrap_or(TaskStatus::Failed),
+        status_message: event.message.clone(),
+        created_at: event.created_at,
+        updated_at: event.at,
+        ttl_ms: event.ttl_ms,
+        poll_interval_ms: event.poll_interval_ms,
+        progress_token: None,
     }
 }
 
@@ -435,6 +450,20 @@ impl Broker {
             tracing::info!(request_id, "the client answered a task's request");
         }
         Ok(outcome == AnswerOutcome::Stored)
+    }
+
+    /// Status changes of `owner`'s tasks after feed position `after_id`,
+    /// as the tasks were then: what a GET stream missed.
+    pub async fn status_changes_since(
+        &self,
+        owner: &str,
+        after_id: i64,
+    ) -> Result<Vec<(i64, Task)>, BrokerError> {
+        let events = self
+            .store
+            .task_events_for_owner_since(owner, after_id, 10_000)
+            .await?;
+        Ok(events.iter().map(|e| (e.id, task_at_event(e))).collect())
     }
 
     /// tasks/list: one page of the requestor's tasks, newest first, with the

@@ -1,6 +1,11 @@
 //! notifications/tasks/status on the sessions' GET streams (T-31): one
-//! notifier per process follows the change feed and reads a changed task
-//! once, only when its owner has a GET stream open.
+//! notifier per process follows the change feed, whose rows carry the task
+//! as it was after each change, so no query is made per notification.
+//!
+//! A GET stream's event ids are `g-<feed position>`: a client that
+//! reconnects with `Last-Event-ID` gets the changes of its tasks after that
+//! position, read from the database (so a restart loses none), then the
+//! rest live.
 
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex, MutexGuard};
@@ -10,22 +15,25 @@ use tokio::sync::{broadcast, mpsc};
 use tokio_util::sync::CancellationToken;
 
 use super::dispatch::task_json;
-use crate::broker::{Broker, FeedEvent};
+use crate::broker::{Broker, FeedEvent, task_at_event};
 use crate::mcp;
+
+/// One open GET stream: (feed position, notification) pairs go to it.
+type Listener = mpsc::UnboundedSender<(i64, Value)>;
 
 /// The open GET streams, by task owner.
 #[derive(Debug, Default)]
 pub struct SessionStreams {
-    streams: Mutex<HashMap<String, Vec<mpsc::UnboundedSender<Value>>>>,
+    streams: Mutex<HashMap<String, Vec<Listener>>>,
 }
 
 impl SessionStreams {
-    fn lock(&self) -> MutexGuard<'_, HashMap<String, Vec<mpsc::UnboundedSender<Value>>>> {
+    fn lock(&self) -> MutexGuard<'_, HashMap<String, Vec<Listener>>> {
         self.streams.lock().unwrap_or_else(|p| p.into_inner())
     }
 
     /// A new GET stream of `owner`: messages for it arrive on the receiver.
-    pub fn attach(&self, owner: &str) -> mpsc::UnboundedReceiver<Value> {
+    pub fn attach(&self, owner: &str) -> mpsc::UnboundedReceiver<(i64, Value)> {
         let (tx, rx) = mpsc::unbounded_channel();
         self.lock().entry(owner.to_owned()).or_default().push(tx);
         rx
@@ -38,15 +46,26 @@ impl SessionStreams {
     }
 
     /// Send to every open GET stream of `owner`, forgetting closed ones.
-    fn send(&self, owner: &str, message: &Value) {
+    fn send(&self, owner: &str, id: i64, message: &Value) {
         let mut map = self.lock();
         if let Some(senders) = map.get_mut(owner) {
-            senders.retain(|tx| tx.send(message.clone()).is_ok());
+            senders.retain(|tx| tx.send((id, message.clone())).is_ok());
             if senders.is_empty() {
                 map.remove(owner);
             }
         }
     }
+}
+
+/// `notifications/tasks/status` with the full Task (T-31), without
+/// related-task _meta (T-30).
+pub fn status_notification(task: &crate::broker::Task) -> Value {
+    mcp::notification("notifications/tasks/status", task_json(task))
+}
+
+/// The feed position in a GET stream's event id (`g-<n>`).
+pub fn parse_get_event_id(id: &str) -> Option<i64> {
+    id.strip_prefix("g-")?.parse().ok()
 }
 
 /// Follow the change feed until `shutdown`, sending each status change to
@@ -77,18 +96,14 @@ pub fn spawn_status_notifier(
             let FeedEvent::Status(change) = event.as_ref() else {
                 continue;
             };
-            if change.owner.is_empty() || !streams.has(&change.owner) {
+            if !streams.has(&change.owner) {
                 continue;
             }
-            match broker.tasks_get(&change.owner, &change.task_id).await {
-                Ok(task) => {
-                    let note = mcp::notification("notifications/tasks/status", task_json(&task));
-                    streams.send(&change.owner, &note);
-                }
-                Err(e) => {
-                    tracing::debug!(task_id = %change.task_id, error = %e, "no status notification")
-                }
-            }
+            streams.send(
+                &change.owner,
+                change.id,
+                &status_notification(&task_at_event(change)),
+            );
         }
     })
 }

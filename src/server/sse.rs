@@ -22,8 +22,11 @@ fn stream_id() -> String {
 }
 
 fn priming(stream: &str) -> Bytes {
-    Bytes::from(format!("id: {stream}-0\ndata: \n\n"))
+    Bytes::from(format!("id: {stream}-0\nretry: {RETRY_MS}\ndata: \n\n"))
 }
+
+/// `retry` (ms) announced by non-resumable request streams.
+const RETRY_MS: u64 = 1000;
 
 fn message(stream: &str, n: u64, message: &Value) -> Bytes {
     // serde_json never emits a raw newline, so one data line suffices.
@@ -102,19 +105,31 @@ pub fn respond(
     sse_response(stream)
 }
 
-/// A long-lived stream: the priming event, then `messages` as they come,
-/// with keep-alives in between.
-pub fn live(keep_alive: Duration, mut messages: mpsc::UnboundedReceiver<Value>) -> Response {
+/// A session's GET stream: the priming event (id `g-<from>`, with `retry`),
+/// the `replay`ed messages, then `live` ones newer than those, each with id
+/// `g-<feed position>`, and keep-alives in between.
+pub fn session_stream(
+    keep_alive: Duration,
+    retry_ms: u64,
+    from: i64,
+    replay: Vec<(i64, Value)>,
+    mut live: mpsc::UnboundedReceiver<(i64, Value)>,
+) -> Response {
     let stream = async_stream::stream! {
-        let id = stream_id();
-        yield Ok::<_, Infallible>(priming(&id));
-        let mut n = 0u64;
+        yield Ok::<_, Infallible>(Bytes::from(format!("id: g-{from}\nretry: {retry_ms}\ndata: \n\n")));
+        let mut last = from;
+        for (id, m) in replay {
+            last = last.max(id);
+            yield Ok(Bytes::from(format!("id: g-{id}\nevent: message\ndata: {m}\n\n")));
+        }
         loop {
             tokio::select! {
-                next = messages.recv() => match next {
-                    Some(m) => {
-                        n += 1;
-                        yield Ok(message(&id, n, &m));
+                next = live.recv() => match next {
+                    // Already replayed (the live feed was attached first).
+                    Some((id, _)) if id <= last => {}
+                    Some((id, m)) => {
+                        last = id;
+                        yield Ok(Bytes::from(format!("id: g-{id}\nevent: message\ndata: {m}\n\n")));
                     }
                     None => break,
                 },

@@ -11,6 +11,7 @@ use axum::response::{IntoResponse, Response};
 use serde_json::{Value, json};
 
 use super::dispatch::{Reply, StreamItem, dispatch};
+use super::notify::{parse_get_event_id, status_notification};
 use super::origin::{host_allowed, origin_allowed};
 use super::sessions::Session;
 use super::streams::Attach;
@@ -433,8 +434,12 @@ async fn get(state: AppState, headers: HeaderMap) -> Response {
         Ok(s) => s,
         Err(r) => return r,
     };
-    // Resumption (H-4): replay only that stream's messages after the id.
-    if let Some(last) = header_str(&headers, "last-event-id") {
+    let last = header_str(&headers, "last-event-id");
+    // Resumption (H-4) of a request's stream: replay only that stream's
+    // messages after the id.
+    if let Some(last) = last
+        && parse_get_event_id(last).is_none()
+    {
         match state.streams.find(&session.id, last) {
             Ok((stream, after)) => return state.streams.respond(stream, Attach::Resume(after)),
             Err(e) => {
@@ -442,9 +447,38 @@ async fn get(state: AppState, headers: HeaderMap) -> Response {
             }
         }
     }
-    // The session's stream: task status notifications of its tasks (T-31).
-    let messages = state.session_streams.attach(&session.owner());
-    sse::live(state.config.keep_alive, messages)
+    // The session's own stream: status notifications of its tasks (T-31),
+    // resumable from the database after `g-<feed position>`.
+    let owner = session.owner();
+    let live = state.session_streams.attach(&owner);
+    let resume_from = last.and_then(parse_get_event_id);
+    let (from, replay) = match resume_from {
+        Some(after) => match state.broker.status_changes_since(&owner, after).await {
+            Ok(changes) => (after, changes),
+            Err(e) => {
+                tracing::error!(error = %e, "replaying status changes failed");
+                return http_error(StatusCode::INTERNAL_SERVER_ERROR, -32603, "Internal error");
+            }
+        },
+        None => match state.broker.store().task_events_head().await {
+            Ok(head) => (head, Vec::new()),
+            Err(e) => {
+                tracing::error!(error = %e, "reading the feed position failed");
+                return http_error(StatusCode::INTERNAL_SERVER_ERROR, -32603, "Internal error");
+            }
+        },
+    };
+    let replay = replay
+        .into_iter()
+        .map(|(id, task)| (id, status_notification(&task)))
+        .collect();
+    sse::session_stream(
+        state.config.keep_alive,
+        state.config.retry_ms,
+        from,
+        replay,
+        live,
+    )
 }
 
 /// DELETE ends the session (H-1, H-5).

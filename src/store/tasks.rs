@@ -113,8 +113,18 @@ pub struct TaskEvent {
     pub task_id: String,
     /// Its new status.
     pub to_status: String,
-    /// Who owns the task (empty when it was purged since).
+    /// Who owns the task.
     pub owner: String,
+    /// The statusMessage that came with the change.
+    pub message: Option<String>,
+    /// When it changed (the task's lastUpdatedAt then), ms.
+    pub at: i64,
+    /// The task's creation time, ms.
+    pub created_at: i64,
+    /// The task's ttl.
+    pub ttl_ms: Option<i64>,
+    /// The task's pollInterval.
+    pub poll_interval_ms: Option<i64>,
 }
 
 impl Store {
@@ -405,13 +415,37 @@ impl Store {
     ) -> Result<Vec<TaskEvent>, StoreError> {
         let rows = sqlx::query_as!(
             TaskEvent,
-            r#"SELECT e.id AS "id!", e.task_id, e.to_status, COALESCE(t.owner, '') AS "owner!: String"
-                 FROM task_events e LEFT JOIN tasks t ON t.seq = e.task_seq
+            r#"SELECT e.id AS "id!", e.task_id, e.to_status, t.owner, e.message, e.at,
+                      t.created_at, t.ttl_ms, t.poll_interval_ms
+                 FROM task_events e JOIN tasks t ON t.seq = e.task_seq
                 WHERE e.id > ? ORDER BY e.id LIMIT ?"#,
             after_id,
             limit
         )
         .fetch_all(conn)
+        .await?;
+        Ok(rows)
+    }
+
+    /// The changes of `owner`'s tasks after feed position `after_id`, oldest
+    /// first: what a session's GET stream missed (resumption).
+    pub async fn task_events_for_owner_since(
+        &self,
+        owner: &str,
+        after_id: i64,
+        limit: i64,
+    ) -> Result<Vec<TaskEvent>, StoreError> {
+        let rows = sqlx::query_as!(
+            TaskEvent,
+            r#"SELECT e.id AS "id!", e.task_id, e.to_status, t.owner, e.message, e.at,
+                      t.created_at, t.ttl_ms, t.poll_interval_ms
+                 FROM task_events e JOIN tasks t ON t.seq = e.task_seq
+                WHERE t.owner = ? AND e.id > ? ORDER BY e.id LIMIT ?"#,
+            owner,
+            after_id,
+            limit
+        )
+        .fetch_all(&self.read)
         .await?;
         Ok(rows)
     }
