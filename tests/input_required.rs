@@ -412,3 +412,47 @@ async fn h4_get_stream_resumes_from_the_database_after_a_restart() {
     );
     assert!(positions[0] > last_id.trim_start_matches("g-").parse::<i64>().unwrap());
 }
+
+/// A status change goes on one stream only (the transport forbids
+/// broadcasting): the task's open tasks/result stream, not the GET stream.
+#[tokio::test]
+async fn t31_a_status_notification_is_sent_on_one_stream_only() {
+    let server = Server::start(&[]);
+    let mut c = server.client().await;
+    let mut h = c.headers();
+    h.insert("accept", HeaderValue::from_static("text/event-stream"));
+    let mut get = SseReader::new(c.http.get(&c.url).headers(h).send().await.unwrap());
+    get.next_event().await.unwrap(); // priming
+    let t = c.call_task("sleep", json!({"seconds": 1})).await;
+    let id = t["taskId"].clone();
+    // The creation (working) goes to the GET stream: nobody waits yet.
+    let (_, created) = get.next_message().await.unwrap();
+    assert_eq!(
+        (
+            created["params"]["taskId"].clone(),
+            created["params"]["status"].clone()
+        ),
+        (id.clone(), json!("working"))
+    );
+    let messages = c
+        .request_messages("tasks/result", json!({"taskId": id}))
+        .await;
+    let on_result: Vec<_> = messages
+        .iter()
+        .filter(|m| m["method"] == "notifications/tasks/status")
+        .map(|m| m["params"]["status"].clone())
+        .collect();
+    assert_eq!(
+        on_result,
+        [json!("completed")],
+        "the change went to the tasks/result stream"
+    );
+    // Nothing about it reached the GET stream: the next thing there is the
+    // creation of another task.
+    let other = c.call_task("sleep", json!({"seconds": 0})).await;
+    let (_, next) = get.next_message().await.unwrap();
+    assert_eq!(
+        next["params"]["taskId"], other["taskId"],
+        "no duplicate on the GET stream: {next}"
+    );
+}

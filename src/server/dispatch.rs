@@ -248,7 +248,10 @@ async fn tasks_result(state: &AppState, session: &Arc<Session>, params: Option<&
     let (items_tx, items) = mpsc::unbounded_channel();
     let (events_tx, mut events) = mpsc::unbounded_channel::<WaitEvent>();
     let broker = state.broker.clone();
+    // While this stream waits, the task's status changes go here only.
+    let watch = state.session_streams.watch(&p.task_id);
     let outcome = async move {
+        let _watch = watch;
         let forward = |event: WaitEvent| {
             if let Some(message) = wait_message(event, token.as_ref()) {
                 let _ = items_tx.send(StreamItem::Message(message));

@@ -22,9 +22,38 @@ use crate::mcp;
 type Listener = mpsc::UnboundedSender<(i64, Value)>;
 
 /// The open GET streams, by task owner.
+///
+/// A status change goes on exactly one stream (the transport forbids
+/// broadcasting a message): the task's open tasks/result stream if there is
+/// one, else the owner's GET streams.
 #[derive(Debug, Default)]
 pub struct SessionStreams {
     streams: Mutex<HashMap<String, Vec<Listener>>>,
+    /// Tasks with a tasks/result stream open now, and how many.
+    watched: Mutex<HashMap<String, usize>>,
+}
+
+/// Marks a task as watched by a tasks/result stream while it lives.
+#[derive(Debug)]
+pub struct Watch {
+    streams: Arc<SessionStreams>,
+    task_id: String,
+}
+
+impl Drop for Watch {
+    fn drop(&mut self) {
+        let mut watched = self
+            .streams
+            .watched
+            .lock()
+            .unwrap_or_else(|p| p.into_inner());
+        if let Some(n) = watched.get_mut(&self.task_id) {
+            *n -= 1;
+            if *n == 0 {
+                watched.remove(&self.task_id);
+            }
+        }
+    }
 }
 
 impl SessionStreams {
@@ -37,6 +66,28 @@ impl SessionStreams {
         let (tx, rx) = mpsc::unbounded_channel();
         self.lock().entry(owner.to_owned()).or_default().push(tx);
         rx
+    }
+
+    /// A tasks/result stream watches `task_id` until the guard drops: its
+    /// status changes go there, not to the GET streams.
+    pub fn watch(self: &Arc<Self>, task_id: &str) -> Watch {
+        *self
+            .watched
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .entry(task_id.to_owned())
+            .or_default() += 1;
+        Watch {
+            streams: self.clone(),
+            task_id: task_id.to_owned(),
+        }
+    }
+
+    fn is_watched(&self, task_id: &str) -> bool {
+        self.watched
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .contains_key(task_id)
     }
 
     fn has(&self, owner: &str) -> bool {
@@ -96,7 +147,7 @@ pub fn spawn_status_notifier(
             let FeedEvent::Status(change) = event.as_ref() else {
                 continue;
             };
-            if !streams.has(&change.owner) {
+            if !streams.has(&change.owner) || streams.is_watched(&change.task_id) {
                 continue;
             }
             streams.send(
