@@ -273,7 +273,7 @@ await check('tools/list: demo tools with their execution.taskSupport', async () 
     const { tools, nextCursor } = await client.listTools(); // also fills the SDK's taskSupport cache
     assert.equal(nextCursor, undefined);
     const support = Object.fromEntries(tools.map(t => [t.name, t.execution?.taskSupport]));
-    assert.deepEqual(support, { echo: 'forbidden', fail: 'optional', sleep: 'optional', sleep_as_task: 'required' });
+    assert.deepEqual(support, { approve: 'optional', echo: 'forbidden', fail: 'optional', sleep: 'optional', sleep_as_task: 'required' });
     for (const t of tools) assert.equal(t.inputSchema?.type, 'object', `${t.name}: inputSchema ${j(t.inputSchema)}`);
     const sleep = tools.find(t => t.name === 'sleep');
     assert.deepEqual(sleep.inputSchema.required, ['seconds']);
@@ -636,9 +636,18 @@ await check('echo plain call returns structuredContent equal to the arguments, a
 
 await check('no protocol errors or unexpected notifications reported by the SDK on the main session', async () => {
     assert.deepEqual(main.errors.map(e => e.message), [], 'client.onerror');
-    // The server sends no notifications/tasks/status (optional in the spec) and,
-    // for task-augmented calls, no progress: nothing should have reached the fallback handler.
-    assert.deepEqual(main.notifications, [], 'unhandled notifications');
+    // The only notifications the SDK leaves to the fallback handler are
+    // notifications/tasks/status (optional in the spec, sent by the broker on the
+    // GET stream): each carries a full, valid Task and no related-task _meta.
+    const statuses = new Set(['working', 'input_required', 'completed', 'failed', 'cancelled']);
+    for (const n of main.notifications) {
+        assert.equal(n.method, 'notifications/tasks/status', `unexpected notification ${JSON.stringify(n)}`);
+        assert.equal(typeof n.params.taskId, 'string');
+        assert.ok(statuses.has(n.params.status), `status ${n.params.status}`);
+        assert.ok(!Number.isNaN(Date.parse(n.params.createdAt)) && !Number.isNaN(Date.parse(n.params.lastUpdatedAt)));
+        assert.ok('ttl' in n.params, 'ttl key present');
+        assert.equal(n.params._meta, undefined, 'no related-task _meta on status notifications (T-30)');
+    }
 });
 
 await check('session termination (HTTP DELETE) succeeds', async () => {
