@@ -12,8 +12,8 @@ use tokio_util::sync::CancellationToken;
 
 use crate::broker::{Broker, BrokerConfig, Feed, maintenance};
 use crate::server::{
-    AppState, ClientRequests, ServerConfig, SessionStreams, Sessions, Streams,
-    spawn_status_notifier,
+    AppState, Audit, ClientRequests, RateLimiter, ServerConfig, SessionStreams, Sessions,
+    StreamCounter, Streams, spawn_status_notifier,
 };
 use crate::store::{Durability, Store};
 use crate::tools::{Registry, Tool};
@@ -187,6 +187,12 @@ pub async fn serve(config: ServeConfig) -> anyhow::Result<()> {
         core.shutdown.clone(),
     );
     let state = AppState {
+        limiter: Arc::new(RateLimiter::new(
+            config.server.rate_per_sec,
+            config.server.rate_burst,
+        )),
+        open_streams: Arc::new(StreamCounter::new(config.server.max_sse_streams)),
+        audit: Arc::new(Audit::default()),
         session_streams,
         broker: core.broker.clone(),
         sessions: Arc::new(Sessions::new(store.clone())),
@@ -213,8 +219,11 @@ pub async fn serve(config: ServeConfig) -> anyhow::Result<()> {
         });
     }
     let graceful = stopping.clone();
-    let server = axum::serve(listener, app)
-        .with_graceful_shutdown(async move { graceful.cancelled().await });
+    let server = axum::serve(
+        listener,
+        app.into_make_service_with_connect_info::<SocketAddr>(),
+    )
+    .with_graceful_shutdown(async move { graceful.cancelled().await });
     let grace = config.shutdown_grace;
     let stopped = stopping.clone();
     tokio::select! {

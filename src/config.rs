@@ -81,6 +81,18 @@ pub struct ServerSection {
     pub conformance_tools: Option<bool>,
     /// Graceful-shutdown period for running jobs.
     pub grace: Option<Spanned<DurationValue>>,
+    /// Non-terminal tasks per requestor.
+    pub max_open_tasks: Option<i64>,
+    /// Largest tool arguments, bytes.
+    pub max_argument_bytes: Option<usize>,
+    /// Requests per second per principal (0 = unlimited).
+    pub rate: Option<f64>,
+    /// Burst above the rate.
+    pub rate_burst: Option<f64>,
+    /// Live sessions at most.
+    pub max_sessions: Option<i64>,
+    /// Open SSE streams at most.
+    pub max_sse_streams: Option<usize>,
 }
 
 /// `[worker]`: settings of `taskbroker worker`.

@@ -41,6 +41,40 @@ enum Command {
     Call(client::CallArgs),
     /// Inspect the tasks of a session on a running broker: list, get, result, cancel.
     Tasks(client::TasksArgs),
+    /// Manage bearer tokens: with any token, every request needs one.
+    #[command(subcommand)]
+    Token(TokenCommand),
+}
+
+#[derive(Debug, Subcommand)]
+enum TokenCommand {
+    /// Create a token for a principal; prints it once, alone, on the last
+    /// line (only its hash is stored).
+    Create {
+        /// Who the token acts as: tasks and sessions belong to principals.
+        #[arg(long)]
+        principal: String,
+        /// Lifetime, e.g. "30d", "12h" [default: never expires].
+        #[arg(long)]
+        expires: Option<humantime::Duration>,
+        /// SQLite database file.
+        #[arg(long, env = "TASKBROKER_DB", default_value = "taskbroker.db")]
+        db: PathBuf,
+    },
+    /// List tokens (never their secrets).
+    List {
+        /// SQLite database file.
+        #[arg(long, env = "TASKBROKER_DB", default_value = "taskbroker.db")]
+        db: PathBuf,
+    },
+    /// Revoke a token by id (the part after tbk_ and before the next _).
+    Revoke {
+        /// The token id.
+        id: String,
+        /// SQLite database file.
+        #[arg(long, env = "TASKBROKER_DB", default_value = "taskbroker.db")]
+        db: PathBuf,
+    },
 }
 
 #[derive(Debug, Args)]
@@ -94,9 +128,28 @@ struct ServeArgs {
     /// Also serve the MCP conformance suite's fixture tools (test_*).
     #[arg(long)]
     conformance_tools: bool,
-    /// Do not serve the demo tools (echo, sleep, sleep_as_task, fail).
+    /// Do not serve the demo tools (echo, sleep, sleep_as_task, fail, approve).
     #[arg(long)]
     no_demo_tools: bool,
+    /// Non-terminal tasks one requestor (principal or session) may have [default: 1000].
+    #[arg(long, env = "TASKBROKER_MAX_OPEN_TASKS", value_parser = clap::value_parser!(i64).range(1..))]
+    max_open_tasks: Option<i64>,
+    /// Largest tool arguments in bytes [default: 1048576].
+    #[arg(long, env = "TASKBROKER_MAX_ARGUMENT_BYTES")]
+    max_argument_bytes: Option<usize>,
+    /// Requests per second per principal (per client address without
+    /// tokens); 0 = unlimited [default: 50].
+    #[arg(long, env = "TASKBROKER_RATE")]
+    rate: Option<f64>,
+    /// Burst above the rate [default: 100].
+    #[arg(long, env = "TASKBROKER_RATE_BURST")]
+    rate_burst: Option<f64>,
+    /// Live sessions at most [default: 10000].
+    #[arg(long, env = "TASKBROKER_MAX_SESSIONS")]
+    max_sessions: Option<i64>,
+    /// Open SSE streams at most [default: 1000].
+    #[arg(long, env = "TASKBROKER_MAX_SSE_STREAMS")]
+    max_sse_streams: Option<usize>,
 }
 
 #[derive(Debug, Args)]
@@ -255,10 +308,19 @@ impl ServeArgs {
                     self.page_size.or(s.page_size).unwrap_or(100).clamp(1, 1000),
                 )
                 .unwrap_or(100),
+                max_open_tasks: self.max_open_tasks.or(s.max_open_tasks).unwrap_or(1000),
+                max_argument_bytes: self
+                    .max_argument_bytes
+                    .or(s.max_argument_bytes)
+                    .unwrap_or(1024 * 1024),
             },
             server: ServerConfig {
                 max_body_bytes: self.max_body.or(s.max_body).unwrap_or(4 * 1024 * 1024),
                 allowed_origins,
+                rate_per_sec: self.rate.or(s.rate).unwrap_or(50.0).max(0.0),
+                rate_burst: self.rate_burst.or(s.rate_burst).unwrap_or(100.0).max(1.0),
+                max_sessions: self.max_sessions.or(s.max_sessions).unwrap_or(10_000),
+                max_sse_streams: self.max_sse_streams.or(s.max_sse_streams).unwrap_or(1_000),
                 ..ServerConfig::default()
             },
             shutdown_grace: Duration::from_secs(5),
@@ -332,5 +394,74 @@ async fn main() -> anyhow::Result<()> {
         }
         Command::Call(args) => std::process::exit(client::call(args).await.into()),
         Command::Tasks(args) => std::process::exit(client::tasks(args).await.into()),
+        Command::Token(cmd) => token(cmd).await,
+    }
+}
+
+async fn token(cmd: TokenCommand) -> anyhow::Result<()> {
+    use taskbroker::clock::now_ms;
+    use taskbroker::mcp::format_time;
+    use taskbroker::store::Store;
+    match cmd {
+        TokenCommand::Create {
+            principal,
+            expires,
+            db,
+        } => {
+            anyhow::ensure!(
+                !principal.is_empty()
+                    && principal.len() <= 200
+                    && !principal.chars().any(char::is_control),
+                "--principal must be 1-200 printable characters"
+            );
+            let store = Store::open(&db, Durability::Full).await?;
+            let (id, token, hash) = taskbroker::server::auth::mint()
+                .map_err(|e| anyhow::anyhow!("no randomness for a token: {e}"))?;
+            let now = now_ms();
+            let expires_at = expires.map(|d| now.saturating_add(ms(*d)));
+            store
+                .token_create(&id, &principal, &hash, expires_at, now)
+                .await?;
+            store.close().await;
+            eprintln!(
+                "token {id} for principal '{principal}'{}; it is shown once, store it now:",
+                expires_at
+                    .map(|at| format!(", expires {}", format_time(at)))
+                    .unwrap_or_default()
+            );
+            println!("{token}");
+            Ok(())
+        }
+        TokenCommand::List { db } => {
+            let store = Store::open(&db, Durability::Full).await?;
+            for t in store.token_list().await? {
+                let state = match (t.revoked_at, t.expires_at) {
+                    (Some(at), _) => format!("revoked {}", format_time(at)),
+                    (None, Some(at)) if at <= now_ms() => format!("expired {}", format_time(at)),
+                    (None, Some(at)) => format!("expires {}", format_time(at)),
+                    (None, None) => "no expiry".to_owned(),
+                };
+                let used = t
+                    .last_used_at
+                    .map(format_time)
+                    .unwrap_or_else(|| "never used".into());
+                println!(
+                    "{}\t{}\tcreated {}\t{state}\t{used}",
+                    t.token_id,
+                    t.principal,
+                    format_time(t.created_at)
+                );
+            }
+            store.close().await;
+            Ok(())
+        }
+        TokenCommand::Revoke { id, db } => {
+            let store = Store::open(&db, Durability::Full).await?;
+            let revoked = store.token_revoke(&id, now_ms()).await?;
+            store.close().await;
+            anyhow::ensure!(revoked, "no live token with id {id}");
+            println!("token {id} revoked");
+            Ok(())
+        }
     }
 }

@@ -72,7 +72,7 @@ fn random_value(rng: &mut Rng, depth: u32) -> Value {
 /// server stays up, and the database passes its integrity check.
 #[tokio::test]
 async fn h8_random_hostile_input_never_breaks_the_server_or_the_database() {
-    let server = Server::start(&["--lease", "1"]);
+    let server = Server::start(&["--lease", "1", "--rate", "0"]);
     let mut c = server.client().await;
     let real = c.call_task("sleep", json!({"seconds": 0})).await;
     let methods = [

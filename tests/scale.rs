@@ -14,7 +14,18 @@ use serde_json::{Value, json};
 #[tokio::test]
 async fn t17_t18_pagination_over_1000_tasks_is_exact_and_stable_under_inserts() {
     // No workers: the tasks stay put while we page.
-    let server = Server::start(&["--workers", "0", "--durability", "normal"]);
+    // --rate 0 and a higher --max-open-tasks: this test measures pagination,
+    // not the abuse limits (they have their own tests).
+    let server = Server::start(&[
+        "--workers",
+        "0",
+        "--durability",
+        "normal",
+        "--rate",
+        "0",
+        "--max-open-tasks",
+        "5000",
+    ]);
     let mut c = server.client().await;
     let mut created = HashSet::new();
     for _ in 0..1050 {
@@ -49,7 +60,8 @@ async fn t17_t18_pagination_over_1000_tasks_is_exact_and_stable_under_inserts() 
 
 #[tokio::test]
 async fn two_hundred_task_calls_from_eight_concurrent_clients_all_complete() {
-    let server = Server::start(&[]);
+    // --rate 0: eight clients on one address; the rate limit has its own test.
+    let server = Server::start(&["--rate", "0"]);
     let mut handles = Vec::new();
     for _ in 0..8 {
         let mut c = server.client().await;

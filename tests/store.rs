@@ -93,6 +93,7 @@ fn new_task(task_id: &str, owner: &str) -> NewTask {
         ttl_ms: None,
         poll_interval_ms: Some(500),
         progress_token: None,
+        session_id: None,
     }
 }
 
@@ -127,6 +128,7 @@ fn new_session(session_id: &str) -> NewSession {
         protocol_version: "2025-11-25".to_owned(),
         client_info: r#"{"name":"test-client","version":"1.0"}"#.to_owned(),
         client_capabilities: r#"{"tasks":{}}"#.to_owned(),
+        principal: None,
     }
 }
 

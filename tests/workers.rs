@@ -49,9 +49,19 @@ fn id(t: &Value) -> String {
 /// job ever ran twice (T-22 fencing, lease recovery).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn chaos_kill9_workers_exactly_once_visible_completion() {
+    // The chaos is about workers, not the abuse limits.
     let server = Server::start_with_config(
         RECORDING_TOOL,
-        &["--workers", "0", "--durability", "normal"],
+        &[
+            "--workers",
+            "0",
+            "--durability",
+            "normal",
+            "--rate",
+            "0",
+            "--max-open-tasks",
+            "5000",
+        ],
     );
     let cfg = server.config_path();
     let flags = [

@@ -36,6 +36,10 @@ pub struct BrokerConfig {
     pub poll_interval_ms: i64,
     /// Tasks per tasks/list page.
     pub page_size: i64,
+    /// Non-terminal tasks one owner may have at once (T-38).
+    pub max_open_tasks: i64,
+    /// Largest tool arguments, in bytes of JSON.
+    pub max_argument_bytes: usize,
 }
 
 impl Default for BrokerConfig {
@@ -45,6 +49,8 @@ impl Default for BrokerConfig {
             max_ttl_ms: 7 * 24 * 60 * 60 * 1000,
             poll_interval_ms: 1000,
             page_size: 100,
+            max_open_tasks: 1000,
+            max_argument_bytes: 1024 * 1024,
         }
     }
 }
@@ -126,6 +132,9 @@ pub enum BrokerError {
     /// Params the rules refuse (e.g. a negative ttl).
     #[error("{0}")]
     InvalidParams(String),
+    /// A limit of the broker (T-38).
+    #[error("{0}")]
+    Limit(String),
     /// The database failed.
     #[error(transparent)]
     Store(#[from] StoreError),
@@ -146,6 +155,7 @@ impl BrokerError {
             Self::TaskForbidden(_) | Self::TaskRequired(_) => {
                 RpcError::new(ErrorCode::MethodNotFound, self.to_string())
             }
+            Self::Limit(_) => RpcError::new(ErrorCode::Other(-32000), self.to_string()),
             Self::Store(_) => RpcError::internal(),
         }
     }
@@ -282,6 +292,18 @@ impl Broker {
         }
     }
 
+    /// Refuse arguments larger than the limit (T-38).
+    pub fn check_arguments_size(&self, arguments: &Value) -> Result<(), BrokerError> {
+        let size = arguments.to_string().len();
+        if size > self.config.max_argument_bytes {
+            return Err(BrokerError::InvalidParams(format!(
+                "Invalid params: arguments are {size} bytes, the limit is {} (max_argument_bytes)",
+                self.config.max_argument_bytes
+            )));
+        }
+        Ok(())
+    }
+
     /// The ttl a task gets: the requested one clamped to the maximum, or the
     /// default (T-10, T-34).
     pub fn effective_ttl(&self, requested: Option<i64>) -> Result<Option<i64>, BrokerError> {
@@ -304,6 +326,7 @@ impl Broker {
     pub async fn tools_call_task(
         &self,
         owner: &str,
+        session_id: &str,
         name: &str,
         arguments: Map<String, Value>,
         requested_ttl: Option<i64>,
@@ -312,6 +335,15 @@ impl Broker {
         let tool = self.tool_for_call(name, true)?;
         let ttl_ms = self.effective_ttl(requested_ttl)?;
         let arguments = Value::Object(arguments);
+        self.check_arguments_size(&arguments)?;
+        let open = self.store.task_count_open(owner).await?;
+        if open >= self.config.max_open_tasks {
+            return Err(BrokerError::Limit(format!(
+                "Too many open tasks: {open} working or input_required, the limit per requestor is {} \
+                 (max_open_tasks); wait for some to finish or cancel them",
+                self.config.max_open_tasks
+            )));
+        }
         let refused = self
             .tools
             .validate(name, &arguments)
@@ -325,6 +357,7 @@ impl Broker {
             ttl_ms,
             poll_interval_ms: Some(self.config.poll_interval_ms),
             progress_token: progress_token.map(|t| t.to_string()),
+            session_id: Some(session_id.to_owned()),
         };
         let job = refused.is_none().then_some(NewJob {
             max_attempts: tool.definition().max_attempts.max(1),

@@ -25,6 +25,9 @@ pub struct Connection {
     /// new one; it is not ended afterwards.
     #[arg(long, value_name = "ID")]
     pub session: Option<String>,
+    /// Bearer token, when the broker requires one (`taskbroker token create`).
+    #[arg(long, env = "TASKBROKER_TOKEN", hide_env_values = true)]
+    pub token: Option<String>,
 }
 
 /// `taskbroker call TOOL ...`.

@@ -63,6 +63,8 @@ pub struct McpClient {
     owns_session: bool,
     /// The next JSON-RPC request id.
     next_id: AtomicI64,
+    /// `Authorization: Bearer ...`, when the broker needs a token.
+    token: Option<String>,
 }
 
 impl McpClient {
@@ -82,6 +84,7 @@ impl McpClient {
             protocol_version: LATEST_PROTOCOL_VERSION.to_owned(),
             owns_session: false,
             next_id: AtomicI64::new(1),
+            token: None,
         })
     }
 
@@ -103,10 +106,15 @@ impl McpClient {
     /// A client for a command line's [`Connection`]: the given session, or a
     /// new one.
     pub async fn open(conn: &Connection) -> Result<Self, McpError> {
+        let mut client = Self::new(conn.url.clone())?;
+        client.token = conn.token.clone();
         match &conn.session {
-            Some(id) => Self::with_session(conn.url.clone(), id),
-            None => Self::connect(conn.url.clone()).await,
+            Some(id) => client.session = Some(id.clone()),
+            None => {
+                client.initialize().await?;
+            }
         }
+        Ok(client)
     }
 
     /// The endpoint.
@@ -206,6 +214,11 @@ impl McpClient {
             ACCEPT,
             HeaderValue::from_static("application/json, text/event-stream"),
         );
+        if let Some(token) = &self.token
+            && let Ok(value) = HeaderValue::from_str(&format!("Bearer {token}"))
+        {
+            h.insert(reqwest::header::AUTHORIZATION, value);
+        }
         if let Some(session) = &self.session
             && let Ok(value) = HeaderValue::from_str(session)
         {

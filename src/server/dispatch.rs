@@ -143,10 +143,22 @@ async fn tools_call(
     if let Some(task) = params.task {
         let token = progress_token.map(|t| serde_json::to_value(t).unwrap_or(Value::Null));
         return match broker
-            .tools_call_task(&session.owner(), &params.name, arguments, task.ttl, token)
+            .tools_call_task(
+                &session.owner(),
+                &session.id,
+                &params.name,
+                arguments,
+                task.ttl,
+                token,
+            )
             .await
         {
-            Ok(task) => Reply::Done(Ok(json!({ "task": task_json(&task) }))),
+            Ok(task) => {
+                state
+                    .audit
+                    .record("task.create", session, &task.task_id, &params.name);
+                Reply::Done(Ok(json!({ "task": task_json(&task) })))
+            }
             Err(e) => {
                 log_broker_error(&e);
                 Reply::err(e.to_rpc("create"))
@@ -158,6 +170,9 @@ async fn tools_call(
         Err(e) => return Reply::err(e.to_rpc("call")),
     };
     let arguments = Value::Object(arguments);
+    if let Err(e) = broker.check_arguments_size(&arguments) {
+        return Reply::err(e.to_rpc("call"));
+    }
     if let Err(reason) = broker.tools().validate(&params.name, &arguments) {
         return match ToolOutcome::tool_error(reason) {
             ToolOutcome::Result(v) => Reply::Done(Ok(v)),
@@ -178,6 +193,24 @@ async fn tools_call(
     )
 }
 
+/// Audit a refused lookup (not found, expired: maybe someone else's task);
+/// log store failures.
+fn refused(
+    state: &AppState,
+    session: &Session,
+    event: &'static str,
+    task_id: &str,
+    e: &crate::broker::BrokerError,
+) {
+    use crate::broker::BrokerError;
+    match e {
+        BrokerError::NotFound | BrokerError::Expired => {
+            state.audit.refused(event, session, task_id, &e.to_string())
+        }
+        other => log_broker_error(other),
+    }
+}
+
 fn log_broker_error(e: &crate::broker::BrokerError) {
     if let crate::broker::BrokerError::Store(inner) = e {
         tracing::error!(error = %inner, "store failure");
@@ -193,7 +226,7 @@ async fn tasks_get(state: &AppState, session: &Arc<Session>, params: Option<&Val
         // T-30: no related-task _meta on tasks/get results.
         Ok(task) => Reply::Done(Ok(task_json(&task))),
         Err(e) => {
-            log_broker_error(&e);
+            refused(state, session, "task.get", &p.task_id, &e);
             Reply::err(e.to_rpc("retrieve"))
         }
     }
@@ -231,12 +264,20 @@ async fn tasks_result(state: &AppState, session: &Arc<Session>, params: Option<&
     let owner = session.owner();
     match state.broker.tasks_result_now(&owner, &p.task_id).await {
         Ok(TaskResult::Pending) => {}
-        Ok(done) => return Reply::Done(result_reply(&p.task_id, done)),
+        Ok(done) => {
+            state
+                .audit
+                .record("task.result", session, &p.task_id, "terminal");
+            return Reply::Done(result_reply(&p.task_id, done));
+        }
         Err(e) => {
-            log_broker_error(&e);
+            refused(state, session, "task.result", &p.task_id, &e);
             return Reply::err(e.to_rpc("retrieve"));
         }
     }
+    state
+        .audit
+        .record("task.result", session, &p.task_id, "waiting");
     // T-14: block until terminal; the transport streams this over SSE with
     // keep-alives when the client accepts it, and with what the task has for
     // the client meanwhile: progress under its original token (T-32), status

@@ -2,8 +2,11 @@
 //! sessions, JSON and SSE responses, and the dispatch of methods to the
 //! broker. No SQL here.
 
+mod audit;
+pub mod auth;
 mod calls;
 mod dispatch;
+mod limits;
 mod notify;
 mod origin;
 mod sessions;
@@ -20,7 +23,9 @@ use axum::routing::{any, get};
 
 use crate::broker::Broker;
 
+pub use audit::Audit;
 pub use calls::ClientRequests;
+pub use limits::{RateLimiter, StreamCounter};
 pub use notify::{SessionStreams, spawn_status_notifier};
 pub use sessions::{Session, Sessions};
 pub use streams::Streams;
@@ -37,6 +42,15 @@ pub struct ServerConfig {
     /// `retry` (ms) announced in priming events: how long a client waits
     /// to reconnect after the server closes a stream.
     pub retry_ms: u64,
+    /// Requests per second per principal (per client address without
+    /// authentication); 0 = unlimited.
+    pub rate_per_sec: f64,
+    /// Burst of requests allowed above the rate.
+    pub rate_burst: f64,
+    /// Live sessions at most (initialize beyond: 503).
+    pub max_sessions: i64,
+    /// Open SSE streams at most (beyond: 503).
+    pub max_sse_streams: usize,
 }
 
 impl Default for ServerConfig {
@@ -46,6 +60,10 @@ impl Default for ServerConfig {
             allowed_origins: Vec::new(),
             keep_alive: Duration::from_secs(15),
             retry_ms: 1000,
+            rate_per_sec: 50.0,
+            rate_burst: 100.0,
+            max_sessions: 10_000,
+            max_sse_streams: 1_000,
         }
     }
 }
@@ -63,6 +81,12 @@ pub struct AppState {
     pub client_requests: Arc<ClientRequests>,
     /// Open GET streams, for task status notifications.
     pub session_streams: Arc<SessionStreams>,
+    /// Requests per principal.
+    pub limiter: Arc<RateLimiter>,
+    /// Open SSE streams.
+    pub open_streams: Arc<StreamCounter>,
+    /// The audit trail.
+    pub audit: Arc<Audit>,
     /// HTTP settings.
     pub config: Arc<ServerConfig>,
     /// Where we listen (for origin checks).

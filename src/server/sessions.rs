@@ -23,6 +23,8 @@ pub struct Session {
     pub protocol_version: String,
     /// What the client declared in initialize.
     pub client_capabilities: Value,
+    /// The principal that opened it (None without authentication).
+    pub principal: Option<String>,
     last_touch: AtomicI64,
     /// Least severe log level the client wants (logging/setLevel), as an
     /// index into `LogLevel::ALL`.
@@ -35,8 +37,10 @@ impl Session {
         protocol_version: String,
         client_capabilities: Value,
         last_touch: i64,
+        principal: Option<String>,
     ) -> Self {
         Self {
+            principal,
             id,
             protocol_version,
             client_capabilities,
@@ -63,9 +67,13 @@ impl Session {
         crate::mcp::client_supports(&self.client_capabilities, method, params)
     }
 
-    /// The owner recorded on this session's tasks.
+    /// The owner recorded on this session's tasks: the principal with
+    /// authentication (T-36), else the session itself (T-37).
     pub fn owner(&self) -> String {
-        format!("session:{}", self.id)
+        match &self.principal {
+            Some(p) => format!("principal:{p}"),
+            None => format!("session:{}", self.id),
+        }
     }
 }
 
@@ -91,6 +99,7 @@ impl Sessions {
         protocol_version: &str,
         client_capabilities: &Map<String, Value>,
         client_info: &Map<String, Value>,
+        principal: Option<&str>,
     ) -> Result<Arc<Session>, StoreError> {
         let id = uuid::Uuid::new_v4().simple().to_string();
         let now = now_ms();
@@ -101,6 +110,7 @@ impl Sessions {
                     protocol_version: protocol_version.to_owned(),
                     client_info: Value::Object(client_info.clone()).to_string(),
                     client_capabilities: Value::Object(client_capabilities.clone()).to_string(),
+                    principal: principal.map(str::to_owned),
                 },
                 now,
             )
@@ -110,6 +120,7 @@ impl Sessions {
             protocol_version.to_owned(),
             Value::Object(client_capabilities.clone()),
             now,
+            principal.map(str::to_owned),
         ));
         self.write_cache().insert(id, session.clone());
         Ok(session)
@@ -133,6 +144,7 @@ impl Sessions {
                     serde_json::from_str(&row.client_capabilities)
                         .unwrap_or(Value::Object(Map::new())),
                     row.last_seen_at,
+                    row.principal,
                 ));
                 self.write_cache().insert(row.session_id, session.clone());
                 session

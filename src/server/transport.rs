@@ -5,12 +5,16 @@ use std::sync::Arc;
 use std::time::Instant;
 
 use axum::body::Body;
-use axum::extract::{Request, State};
+use std::net::SocketAddr;
+
+use axum::extract::{ConnectInfo, Request, State};
 use axum::http::{HeaderMap, HeaderValue, Method, StatusCode, header};
 use axum::response::{IntoResponse, Response};
 use serde_json::{Value, json};
 
+use super::auth::{self, AuthError, Principal};
 use super::dispatch::{Reply, StreamItem, dispatch};
+use super::limits::hold_while_streaming;
 use super::notify::{parse_get_event_id, status_notification};
 use super::origin::{host_allowed, origin_allowed};
 use super::sessions::Session;
@@ -57,10 +61,60 @@ pub async fn mcp(State(state): State<AppState>, request: Request) -> Response {
     if let Some(refused) = check_origin(&state, &parts.headers) {
         return refused;
     }
+    if let Err(e) = auth::check_query(&parts.uri) {
+        return http_error(StatusCode::BAD_REQUEST, -32000, &e.to_string());
+    }
+    let principal = match auth::authenticate(state.broker.store(), &parts.headers).await {
+        Ok(p) => p,
+        Err(AuthError::Store(e)) => {
+            tracing::error!(error = %e, "token check failed");
+            return http_error(StatusCode::INTERNAL_SERVER_ERROR, -32603, "Internal error");
+        }
+        Err(e) => {
+            tracing::info!(target: "audit", event = "auth.refused", reason = %e, "audit: refused");
+            let mut r = http_error(StatusCode::UNAUTHORIZED, -32001, &e.to_string());
+            let challenge = match e {
+                AuthError::Invalid => "Bearer realm=\"taskbroker\", error=\"invalid_token\"",
+                _ => "Bearer realm=\"taskbroker\"",
+            };
+            r.headers_mut().insert(
+                header::WWW_AUTHENTICATE,
+                HeaderValue::from_static(challenge),
+            );
+            return r;
+        }
+    };
+    // T-38: a request rate per principal (per client address without one).
+    let key = match (
+        &principal,
+        parts.extensions.get::<ConnectInfo<SocketAddr>>(),
+    ) {
+        (Some(p), _) => format!("principal:{}", p.0),
+        (None, Some(ConnectInfo(addr))) => format!("addr:{}", addr.ip()),
+        (None, None) => "anonymous".to_owned(),
+    };
+    if let Err(wait) = state.limiter.check(&key) {
+        let (rate, burst) = state.limiter.describe();
+        let mut r = http_error(
+            StatusCode::TOO_MANY_REQUESTS,
+            -32000,
+            &format!(
+                "Too Many Requests: at most {rate} requests/s (burst {burst}) per principal; retry in {} ms",
+                wait.as_millis()
+            ),
+        );
+        let secs = wait.as_secs().max(1).to_string();
+        if let Ok(v) = HeaderValue::from_str(&secs) {
+            r.headers_mut().insert(header::RETRY_AFTER, v);
+        }
+        tracing::warn!(target: "audit", key, "rate limit hit");
+        return r;
+    }
+    let principal = principal.as_ref();
     match parts.method {
-        Method::POST => post(state, parts.headers, body).await,
-        Method::GET => get(state, parts.headers).await,
-        Method::DELETE => delete(state, parts.headers).await,
+        Method::POST => post(state, parts.headers, body, principal).await,
+        Method::GET => get(state, parts.headers, principal).await,
+        Method::DELETE => delete(state, parts.headers, principal).await,
         _ => {
             let mut r = http_error(
                 StatusCode::METHOD_NOT_ALLOWED,
@@ -116,7 +170,11 @@ fn accepts(headers: &HeaderMap, media: &str) -> bool {
 }
 
 /// The session a request names, or the response that refuses it (H-5, H-6).
-async fn require_session(state: &AppState, headers: &HeaderMap) -> Result<Arc<Session>, Response> {
+async fn require_session(
+    state: &AppState,
+    headers: &HeaderMap,
+    principal: Option<&Principal>,
+) -> Result<Arc<Session>, Response> {
     if let Some(version) = header_str(headers, VERSION_HEADER)
         && !mcp::SUPPORTED_PROTOCOL_VERSIONS.contains(&version)
     {
@@ -137,8 +195,12 @@ async fn require_session(state: &AppState, headers: &HeaderMap) -> Result<Arc<Se
         ));
     };
     match state.sessions.lookup(id).await {
-        Ok(Some(session)) => Ok(session),
-        Ok(None) => Err(http_error(
+        // A session belongs to the principal that opened it (T-36): used with
+        // another's token it does not exist.
+        Ok(Some(session)) if session.principal.as_deref() == principal.map(|p| p.0.as_str()) => {
+            Ok(session)
+        }
+        Ok(_) => Err(http_error(
             StatusCode::NOT_FOUND,
             -32001,
             "Session not found: it ended or never existed; initialize a new one",
@@ -154,7 +216,12 @@ async fn require_session(state: &AppState, headers: &HeaderMap) -> Result<Arc<Se
     }
 }
 
-async fn post(state: AppState, headers: HeaderMap, body: Body) -> Response {
+async fn post(
+    state: AppState,
+    headers: HeaderMap,
+    body: Body,
+    principal: Option<&Principal>,
+) -> Response {
     if let Some(ct) = header_str(&headers, header::CONTENT_TYPE.as_str()) {
         let media = ct.split(';').next().unwrap_or("").trim();
         if !media.eq_ignore_ascii_case("application/json") {
@@ -198,17 +265,17 @@ async fn post(state: AppState, headers: HeaderMap, body: Body) -> Response {
     };
     match message {
         Incoming::Request { id, method, params } if method == "initialize" => {
-            initialize(&state, &id, params.as_ref()).await
+            initialize(&state, &id, params.as_ref(), principal).await
         }
         Incoming::Request { id, method, params } => {
-            let session = match require_session(&state, &headers).await {
+            let session = match require_session(&state, &headers, principal).await {
                 Ok(s) => s,
                 Err(r) => return r,
             };
             request(state, &headers, session, id, method, params).await
         }
         Incoming::Notification { method, params } => {
-            let session = match require_session(&state, &headers).await {
+            let session = match require_session(&state, &headers, principal).await {
                 Ok(s) => s,
                 Err(r) => return r,
             };
@@ -224,7 +291,7 @@ async fn post(state: AppState, headers: HeaderMap, body: Body) -> Response {
             StatusCode::ACCEPTED.into_response()
         }
         Incoming::Response { id, body } => {
-            let session = match require_session(&state, &headers).await {
+            let session = match require_session(&state, &headers, principal).await {
                 Ok(s) => s,
                 Err(r) => return r,
             };
@@ -261,7 +328,12 @@ async fn post(state: AppState, headers: HeaderMap, body: Body) -> Response {
 
 /// initialize (H-7): negotiate the version, declare capabilities (T-1),
 /// start a session (H-5).
-async fn initialize(state: &AppState, id: &RequestId, params: Option<&Value>) -> Response {
+async fn initialize(
+    state: &AppState,
+    id: &RequestId,
+    params: Option<&Value>,
+    principal: Option<&Principal>,
+) -> Response {
     let params: InitializeParams = match parse_params("initialize", params) {
         Ok(p) => p,
         Err(e) => return json_response(StatusCode::OK, &error_response(Some(id), &e)),
@@ -271,9 +343,31 @@ async fn initialize(state: &AppState, id: &RequestId, params: Option<&Value>) ->
     } else {
         mcp::LATEST_PROTOCOL_VERSION.to_owned()
     };
+    match state.broker.store().session_count_live().await {
+        Ok(n) if n >= state.config.max_sessions => {
+            return http_error(
+                StatusCode::SERVICE_UNAVAILABLE,
+                -32000,
+                &format!(
+                    "Service Unavailable: {n} live sessions, the maximum is {} (end sessions with DELETE)",
+                    state.config.max_sessions
+                ),
+            );
+        }
+        Ok(_) => {}
+        Err(e) => {
+            tracing::error!(error = %e, "counting sessions failed");
+            return http_error(StatusCode::INTERNAL_SERVER_ERROR, -32603, "Internal error");
+        }
+    }
     let session = match state
         .sessions
-        .create(&version, &params.capabilities, &params.client_info)
+        .create(
+            &version,
+            &params.capabilities,
+            &params.client_info,
+            principal.map(|p| p.0.as_str()),
+        )
         .await
     {
         Ok(s) => s,
@@ -333,6 +427,9 @@ async fn request(
             outcome,
             resumable,
         } if sse && resumable => {
+            let Some(slot) = state.open_streams.acquire() else {
+                return too_many_streams(&state);
+            };
             // The work runs on its own; connections read its stream and
             // may come and go (H-4).
             let stream = state.streams.open(&session.id);
@@ -363,14 +460,18 @@ async fn request(
                 log_request(&method, task_id.as_deref(), &outcome, started);
                 writer.finish(to_message(&id, outcome));
             });
-            state.streams.respond(stream, Attach::First)
+            hold_while_streaming(state.streams.respond(stream, Attach::First), slot)
         }
         Reply::Later { items, outcome, .. } if sse => {
-            sse::respond(state.config.keep_alive, items, async move {
+            let Some(slot) = state.open_streams.acquire() else {
+                return too_many_streams(&state);
+            };
+            let response = sse::respond(state.config.keep_alive, items, async move {
                 let outcome = outcome.await;
                 log_request(&method, task_id.as_deref(), &outcome, started);
                 to_message(&id, outcome)
-            })
+            });
+            hold_while_streaming(response, slot)
         }
         Reply::Later { outcome, .. } => {
             let outcome = outcome.await;
@@ -378,6 +479,18 @@ async fn request(
             json_response(StatusCode::OK, &to_message(&id, outcome))
         }
     }
+}
+
+/// 503 when the open SSE streams are at their maximum (T-38).
+fn too_many_streams(state: &AppState) -> Response {
+    http_error(
+        StatusCode::SERVICE_UNAVAILABLE,
+        -32000,
+        &format!(
+            "Service Unavailable: {} SSE streams are open, the maximum (max_sse_streams); retry later",
+            state.open_streams.max()
+        ),
+    )
 }
 
 fn to_message(id: &RequestId, outcome: Result<Value, Value>) -> Value {
@@ -422,7 +535,7 @@ fn log_request(
 }
 
 /// GET opens the session's stream for server-to-client messages (H-1).
-async fn get(state: AppState, headers: HeaderMap) -> Response {
+async fn get(state: AppState, headers: HeaderMap, principal: Option<&Principal>) -> Response {
     if !accepts(&headers, "text/event-stream") {
         return http_error(
             StatusCode::NOT_ACCEPTABLE,
@@ -430,7 +543,7 @@ async fn get(state: AppState, headers: HeaderMap) -> Response {
             "Not Acceptable: GET needs Accept: text/event-stream",
         );
     }
-    let session = match require_session(&state, &headers).await {
+    let session = match require_session(&state, &headers, principal).await {
         Ok(s) => s,
         Err(r) => return r,
     };
@@ -441,12 +554,23 @@ async fn get(state: AppState, headers: HeaderMap) -> Response {
         && parse_get_event_id(last).is_none()
     {
         match state.streams.find(&session.id, last) {
-            Ok((stream, after)) => return state.streams.respond(stream, Attach::Resume(after)),
+            Ok((stream, after)) => {
+                let Some(slot) = state.open_streams.acquire() else {
+                    return too_many_streams(&state);
+                };
+                return hold_while_streaming(
+                    state.streams.respond(stream, Attach::Resume(after)),
+                    slot,
+                );
+            }
             Err(e) => {
                 tracing::info!(last_event_id = last, reason = ?e, "nothing to resume; opening a fresh stream");
             }
         }
     }
+    let Some(slot) = state.open_streams.acquire() else {
+        return too_many_streams(&state);
+    };
     // The session's own stream: status notifications of its tasks (T-31),
     // resumable from the database after `g-<feed position>`.
     let owner = session.owner();
@@ -472,18 +596,19 @@ async fn get(state: AppState, headers: HeaderMap) -> Response {
         .into_iter()
         .map(|(id, task)| (id, status_notification(&task)))
         .collect();
-    sse::session_stream(
+    let response = sse::session_stream(
         state.config.keep_alive,
         state.config.retry_ms,
         from,
         replay,
         live,
-    )
+    );
+    hold_while_streaming(response, slot)
 }
 
 /// DELETE ends the session (H-1, H-5).
-async fn delete(state: AppState, headers: HeaderMap) -> Response {
-    let session = match require_session(&state, &headers).await {
+async fn delete(state: AppState, headers: HeaderMap, principal: Option<&Principal>) -> Response {
+    let session = match require_session(&state, &headers, principal).await {
         Ok(s) => s,
         Err(r) => return r,
     };

@@ -155,7 +155,7 @@ impl Store {
         task_seq: i64,
     ) -> Result<Option<String>, StoreError> {
         let caps = sqlx::query_scalar!(
-            "SELECT s.client_capabilities FROM tasks t JOIN sessions s ON t.owner = 'session:' || s.session_id
+            "SELECT s.client_capabilities FROM tasks t JOIN sessions s ON s.session_id = t.session_id
               WHERE t.seq = ?",
             task_seq
         )

@@ -12,6 +12,7 @@ mod messages;
 mod migrate;
 mod sessions;
 mod tasks;
+mod tokens;
 mod workers;
 
 use std::path::{Path, PathBuf};
@@ -27,6 +28,7 @@ pub use jobs::{ClaimedJob, HeartbeatOutcome, RescueReport};
 pub use messages::{AnswerOutcome, TaskMessage};
 pub use sessions::{NewSession, SessionRow};
 pub use tasks::{CancelOutcome, NewJob, NewTask, ProgressEvent, TaskEvent, TaskOutcome, TaskRow};
+pub use tokens::TokenRow;
 pub use workers::NewWorker;
 
 /// Statement used to open every write transaction.

@@ -19,6 +19,8 @@ pub struct SessionRow {
     pub last_seen_at: i64,
     /// Set by DELETE: the session is over.
     pub ended_at: Option<i64>,
+    /// The principal that opened it (None without authentication).
+    pub principal: Option<String>,
 }
 
 /// What initialize stores.
@@ -32,6 +34,8 @@ pub struct NewSession {
     pub client_info: String,
     /// `capabilities` as JSON text.
     pub client_capabilities: String,
+    /// The authenticated principal, if any.
+    pub principal: Option<String>,
 }
 
 impl Store {
@@ -39,14 +43,15 @@ impl Store {
     pub async fn session_create(&self, new: &NewSession, now: i64) -> Result<(), StoreError> {
         sqlx::query!(
             "INSERT INTO sessions (session_id, protocol_version, client_info, client_capabilities,
-                                   created_at, last_seen_at)
-             VALUES (?, ?, ?, ?, ?, ?)",
+                                   created_at, last_seen_at, principal)
+             VALUES (?, ?, ?, ?, ?, ?, ?)",
             new.session_id,
             new.protocol_version,
             new.client_info,
             new.client_capabilities,
             now,
-            now
+            now,
+            new.principal
         )
         .execute(&self.write)
         .await?;
@@ -58,7 +63,7 @@ impl Store {
         let row = sqlx::query_as!(
             SessionRow,
             "SELECT session_id, protocol_version, client_info, client_capabilities,
-                    created_at, last_seen_at, ended_at
+                    created_at, last_seen_at, ended_at, principal
                FROM sessions WHERE session_id = ?",
             session_id
         )

@@ -54,6 +54,8 @@ pub struct NewTask {
     pub poll_interval_ms: Option<i64>,
     /// progressToken as JSON text.
     pub progress_token: Option<String>,
+    /// The session that created it.
+    pub session_id: Option<String>,
 }
 
 /// The job that runs a new task.
@@ -143,8 +145,8 @@ impl Store {
         let expires_at = new.ttl_ms.map(|ttl| now.saturating_add(ttl));
         let seq = sqlx::query_scalar!(
             r#"INSERT INTO tasks (task_id, owner, tool, arguments, status, created_at, updated_at,
-                                  ttl_ms, expires_at, poll_interval_ms, progress_token)
-               VALUES (?, ?, ?, ?, 'working', ?, ?, ?, ?, ?, ?)
+                                  ttl_ms, expires_at, poll_interval_ms, progress_token, session_id)
+               VALUES (?, ?, ?, ?, 'working', ?, ?, ?, ?, ?, ?, ?)
                RETURNING seq"#,
             new.task_id,
             new.owner,
@@ -156,6 +158,7 @@ impl Store {
             expires_at,
             new.poll_interval_ms,
             new.progress_token,
+            new.session_id,
         )
         .fetch_one(&mut *tx)
         .await?;

@@ -1,0 +1,138 @@
+//! Bearer-token authentication (H-13) and principals (T-36).
+//!
+//! A token reads `tbk_<id>_<secret>`: the id finds the row, the secret is
+//! checked against its stored SHA-256 in constant time. Only hashes are
+//! stored. With any token in the database, every request needs a valid one.
+
+use axum::http::{HeaderMap, Uri, header};
+use base64::Engine;
+use base64::engine::general_purpose::URL_SAFE_NO_PAD;
+use sha2::{Digest, Sha256};
+use subtle::ConstantTimeEq;
+
+use crate::clock::now_ms;
+use crate::store::{Store, StoreError};
+
+const PREFIX: &str = "tbk_";
+
+/// Who a request is: the principal of its token.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Principal(pub String);
+
+/// Why a request is not authenticated.
+#[derive(Debug, thiserror::Error)]
+pub enum AuthError {
+    /// Tokens are configured and the request has none.
+    #[error("Unauthorized: this broker requires a bearer token (Authorization: Bearer ...)")]
+    Missing,
+    /// The token is malformed, unknown, revoked or expired.
+    #[error("Unauthorized: invalid, revoked or expired token")]
+    Invalid,
+    /// A token in the URL, where logs and proxies keep it.
+    #[error(
+        "Bad Request: tokens are never accepted in the query string; use the Authorization header"
+    )]
+    InQuery,
+    /// The database failed.
+    #[error(transparent)]
+    Store(#[from] StoreError),
+}
+
+/// A new token: (id, the whole token to hand out once, the secret's hash).
+pub fn mint() -> Result<(String, String, [u8; 32]), getrandom::Error> {
+    let mut id = [0u8; 9];
+    let mut secret = [0u8; 32];
+    getrandom::fill(&mut id)?;
+    getrandom::fill(&mut secret)?;
+    let id = URL_SAFE_NO_PAD.encode(id).replace(['-', '_'], "x");
+    let secret = URL_SAFE_NO_PAD.encode(secret);
+    let hash = hash_secret(&secret);
+    Ok((id.clone(), format!("{PREFIX}{id}_{secret}"), hash))
+}
+
+fn hash_secret(secret: &str) -> [u8; 32] {
+    Sha256::digest(secret.as_bytes()).into()
+}
+
+/// Refuse tokens in the query string (`access_token=`, `token=`).
+pub fn check_query(uri: &Uri) -> Result<(), AuthError> {
+    let Some(query) = uri.query() else {
+        return Ok(());
+    };
+    let named = query.split('&').any(|pair| {
+        let key = pair.split('=').next().unwrap_or("").to_ascii_lowercase();
+        matches!(
+            key.as_str(),
+            "access_token" | "token" | "bearer" | "authorization"
+        )
+    });
+    if named {
+        Err(AuthError::InQuery)
+    } else {
+        Ok(())
+    }
+}
+
+/// The request's principal: None when no token is configured and none is
+/// sent; an error when one is needed and missing or not valid.
+pub async fn authenticate(
+    store: &Store,
+    headers: &HeaderMap,
+) -> Result<Option<Principal>, AuthError> {
+    let presented = headers
+        .get(header::AUTHORIZATION)
+        .map(|v| v.to_str().map_err(|_| AuthError::Invalid))
+        .transpose()?;
+    let Some(value) = presented else {
+        return if store.tokens_exist().await? {
+            Err(AuthError::Missing)
+        } else {
+            Ok(None)
+        };
+    };
+    let token = value
+        .strip_prefix("Bearer ")
+        .or_else(|| value.strip_prefix("bearer "))
+        .ok_or(AuthError::Invalid)?
+        .trim();
+    let (id, secret) = token
+        .strip_prefix(PREFIX)
+        .and_then(|rest| rest.split_once('_'))
+        .ok_or(AuthError::Invalid)?;
+    let Some(row) = store.token_get(id).await? else {
+        return Err(AuthError::Invalid);
+    };
+    let matches: bool = hash_secret(secret).ct_eq(row.secret_hash.as_slice()).into();
+    let now = now_ms();
+    if !matches || row.revoked_at.is_some() || row.expires_at.is_some_and(|at| at <= now) {
+        return Err(AuthError::Invalid);
+    }
+    if row.last_used_at.is_none_or(|at| now - at > 60_000) {
+        store.token_touch(id, now).await?;
+    }
+    Ok(Some(Principal(row.principal)))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn minted_tokens_parse_and_hash() {
+        let (id, token, hash) = mint().unwrap();
+        let rest = token.strip_prefix(PREFIX).unwrap();
+        let (tid, secret) = rest.split_once('_').unwrap();
+        assert_eq!(tid, id);
+        assert!(!id.contains('_'));
+        assert_eq!(hash_secret(secret), hash);
+        assert!(secret.len() >= 43, "256 random bits");
+    }
+
+    #[test]
+    fn h13_query_string_tokens_are_refused() {
+        assert!(check_query(&"/mcp?access_token=x".parse().unwrap()).is_err());
+        assert!(check_query(&"/mcp?a=1&TOKEN=x".parse().unwrap()).is_err());
+        assert!(check_query(&"/mcp?a=1".parse().unwrap()).is_ok());
+        assert!(check_query(&"/mcp".parse().unwrap()).is_ok());
+    }
+}

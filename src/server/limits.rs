@@ -1,0 +1,140 @@
+//! Abuse limits of the HTTP side (T-38): a request rate per principal (a
+//! token bucket), and a cap on open SSE streams.
+
+use std::collections::HashMap;
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use axum::body::Body;
+use axum::response::Response;
+use futures_util::StreamExt;
+
+/// Token buckets, one per key (principal, or session without auth).
+#[derive(Debug)]
+pub struct RateLimiter {
+    /// Requests per second refilled.
+    rate: f64,
+    /// Bucket size: the burst allowed.
+    burst: f64,
+    buckets: Mutex<HashMap<String, (f64, Instant)>>,
+}
+
+impl RateLimiter {
+    /// `rate` requests per second, bursts up to `burst`; a rate of 0 turns
+    /// limiting off.
+    pub fn new(rate: f64, burst: f64) -> Self {
+        Self {
+            rate,
+            burst: burst.max(1.0),
+            buckets: Mutex::new(HashMap::new()),
+        }
+    }
+
+    /// Take one request for `key`; Err(wait) when the bucket is empty.
+    pub fn check(&self, key: &str) -> Result<(), Duration> {
+        if self.rate <= 0.0 {
+            return Ok(());
+        }
+        let now = Instant::now();
+        let mut buckets = self.buckets.lock().unwrap_or_else(|p| p.into_inner());
+        if buckets.len() > 100_000 {
+            // Forget full buckets rather than grow without bound.
+            let burst = self.burst;
+            let rate = self.rate;
+            buckets.retain(|_, (tokens, at)| {
+                *tokens + now.duration_since(*at).as_secs_f64() * rate < burst
+            });
+        }
+        let (tokens, at) = buckets.entry(key.to_owned()).or_insert((self.burst, now));
+        *tokens = (*tokens + now.duration_since(*at).as_secs_f64() * self.rate).min(self.burst);
+        *at = now;
+        if *tokens >= 1.0 {
+            *tokens -= 1.0;
+            Ok(())
+        } else {
+            Err(Duration::from_secs_f64((1.0 - *tokens) / self.rate))
+        }
+    }
+
+    /// The configured rate and burst.
+    pub fn describe(&self) -> (f64, f64) {
+        (self.rate, self.burst)
+    }
+}
+
+/// Counts open SSE streams against a maximum.
+#[derive(Debug)]
+pub struct StreamCounter {
+    open: Arc<AtomicUsize>,
+    max: usize,
+}
+
+/// Held by an open stream; releases its place when dropped.
+#[derive(Debug)]
+pub struct StreamSlot(Arc<AtomicUsize>);
+
+impl Drop for StreamSlot {
+    fn drop(&mut self) {
+        self.0.fetch_sub(1, Ordering::Relaxed);
+    }
+}
+
+impl StreamCounter {
+    /// At most `max` streams open at once.
+    pub fn new(max: usize) -> Self {
+        Self {
+            open: Arc::new(AtomicUsize::new(0)),
+            max,
+        }
+    }
+
+    /// A place for one more stream, or None at the maximum.
+    pub fn acquire(&self) -> Option<StreamSlot> {
+        let before = self.open.fetch_add(1, Ordering::Relaxed);
+        let slot = StreamSlot(self.open.clone());
+        (before < self.max).then_some(slot)
+    }
+
+    /// The maximum.
+    pub fn max(&self) -> usize {
+        self.max
+    }
+}
+
+/// Tie `slot` to `response`'s body: the place is released when the body is
+/// done or dropped (the client went away).
+pub fn hold_while_streaming(response: Response, slot: StreamSlot) -> Response {
+    let (parts, body) = response.into_parts();
+    let stream = body.into_data_stream().map(move |chunk| {
+        let _held = &slot;
+        chunk
+    });
+    Response::from_parts(parts, Body::from_stream(stream))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn t38_bucket_allows_burst_then_refuses() {
+        let limiter = RateLimiter::new(1.0, 3.0);
+        assert!(limiter.check("a").is_ok());
+        assert!(limiter.check("a").is_ok());
+        assert!(limiter.check("a").is_ok());
+        let wait = limiter.check("a").unwrap_err();
+        assert!(wait > Duration::from_millis(500) && wait <= Duration::from_secs(1));
+        assert!(limiter.check("b").is_ok(), "buckets are per key");
+        assert!(RateLimiter::new(0.0, 1.0).check("a").is_ok(), "0 = off");
+    }
+
+    #[test]
+    fn stream_slots_are_counted_and_released() {
+        let c = StreamCounter::new(1);
+        let a = c.acquire().unwrap();
+        assert!(c.acquire().is_none());
+        drop(a);
+        assert!(c.acquire().is_some());
+    }
+}

@@ -1,0 +1,124 @@
+//! SQL for `tokens`: bearer tokens, stored as hashes.
+
+use super::{Store, StoreError};
+
+/// A stored token (never its secret).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct TokenRow {
+    /// Public id.
+    pub token_id: String,
+    /// Whose it is.
+    pub principal: String,
+    /// SHA-256 of the secret.
+    pub secret_hash: Vec<u8>,
+    /// ms.
+    pub created_at: i64,
+    /// ms; None = never.
+    pub expires_at: Option<i64>,
+    /// ms; set by revoke.
+    pub revoked_at: Option<i64>,
+    /// ms; updated at most once a minute.
+    pub last_used_at: Option<i64>,
+}
+
+impl Store {
+    /// Store a new token.
+    pub async fn token_create(
+        &self,
+        token_id: &str,
+        principal: &str,
+        secret_hash: &[u8],
+        expires_at: Option<i64>,
+        now: i64,
+    ) -> Result<(), StoreError> {
+        sqlx::query!(
+            "INSERT INTO tokens (token_id, principal, secret_hash, created_at, expires_at) VALUES (?, ?, ?, ?, ?)",
+            token_id,
+            principal,
+            secret_hash,
+            now,
+            expires_at
+        )
+        .execute(&self.write)
+        .await?;
+        Ok(())
+    }
+
+    /// One token by id.
+    pub async fn token_get(&self, token_id: &str) -> Result<Option<TokenRow>, StoreError> {
+        let row = sqlx::query_as!(
+            TokenRow,
+            "SELECT token_id, principal, secret_hash, created_at, expires_at, revoked_at, last_used_at
+               FROM tokens WHERE token_id = ?",
+            token_id
+        )
+        .fetch_optional(&self.read)
+        .await?;
+        Ok(row)
+    }
+
+    /// Every token, newest first.
+    pub async fn token_list(&self) -> Result<Vec<TokenRow>, StoreError> {
+        let rows = sqlx::query_as!(
+            TokenRow,
+            "SELECT token_id, principal, secret_hash, created_at, expires_at, revoked_at, last_used_at
+               FROM tokens ORDER BY created_at DESC"
+        )
+        .fetch_all(&self.read)
+        .await?;
+        Ok(rows)
+    }
+
+    /// Revoke a token; false when unknown or already revoked.
+    pub async fn token_revoke(&self, token_id: &str, now: i64) -> Result<bool, StoreError> {
+        let done = sqlx::query!(
+            "UPDATE tokens SET revoked_at = ? WHERE token_id = ? AND revoked_at IS NULL",
+            now,
+            token_id
+        )
+        .execute(&self.write)
+        .await?;
+        Ok(done.rows_affected() == 1)
+    }
+
+    /// Whether any token exists (then every request must carry one).
+    pub async fn tokens_exist(&self) -> Result<bool, StoreError> {
+        let any = sqlx::query_scalar!(r#"SELECT EXISTS (SELECT 1 FROM tokens) AS "any!: bool""#)
+            .fetch_one(&self.read)
+            .await?;
+        Ok(any)
+    }
+
+    /// Note a token's use.
+    pub async fn token_touch(&self, token_id: &str, now: i64) -> Result<(), StoreError> {
+        sqlx::query!(
+            "UPDATE tokens SET last_used_at = ? WHERE token_id = ?",
+            now,
+            token_id
+        )
+        .execute(&self.write)
+        .await?;
+        Ok(())
+    }
+
+    /// How many non-terminal tasks `owner` has.
+    pub async fn task_count_open(&self, owner: &str) -> Result<i64, StoreError> {
+        let n = sqlx::query_scalar!(
+            r#"SELECT count(*) AS "n!: i64" FROM tasks WHERE owner = ? AND status IN ('working', 'input_required')"#,
+            owner
+        )
+        .fetch_one(&self.read)
+        .await?;
+        Ok(n)
+    }
+
+    /// How many sessions are live (not ended).
+    pub async fn session_count_live(&self) -> Result<i64, StoreError> {
+        let n = sqlx::query_scalar!(
+            r#"SELECT count(*) AS "n!: i64" FROM sessions WHERE ended_at IS NULL"#
+        )
+        .fetch_one(&self.read)
+        .await?;
+        Ok(n)
+    }
+}
