@@ -398,9 +398,14 @@ async fn tasks_cancel(state: &AppState, session: &Arc<Session>, params: Option<&
         .tasks_cancel(&session.owner(), &p.task_id)
         .await
     {
-        Ok(task) => Reply::Done(Ok(task_json(&task))),
+        Ok(task) => {
+            state
+                .audit
+                .record("task.cancel", session, &p.task_id, "cancelled");
+            Reply::Done(Ok(task_json(&task)))
+        }
         Err(e) => {
-            log_broker_error(&e);
+            refused(state, session, "task.cancel", &p.task_id, &e);
             Reply::err(e.to_rpc("cancel"))
         }
     }

@@ -71,7 +71,21 @@ pub async fn mcp(State(state): State<AppState>, request: Request) -> Response {
             return http_error(StatusCode::INTERNAL_SERVER_ERROR, -32603, "Internal error");
         }
         Err(e) => {
-            tracing::info!(target: "audit", event = "auth.refused", reason = %e, "audit: refused");
+            let client = parts
+                .extensions
+                .get::<ConnectInfo<SocketAddr>>()
+                .map(|ConnectInfo(a)| a.ip().to_string())
+                .unwrap_or_else(|| "-".into());
+            let token_id = parts
+                .headers
+                .get(header::AUTHORIZATION)
+                .and_then(|v| v.to_str().ok())
+                .and_then(|v| v.strip_prefix("Bearer tbk_"))
+                .and_then(|rest| rest.split('_').next())
+                .unwrap_or("-")
+                .to_owned();
+            tracing::info!(target: "audit", event = "auth.refused", reason = %e, client, token_id,
+                           "audit: refused");
             let mut r = http_error(StatusCode::UNAUTHORIZED, -32001, &e.to_string());
             let challenge = match e {
                 AuthError::Invalid => "Bearer realm=\"taskbroker\", error=\"invalid_token\"",
@@ -244,11 +258,15 @@ async fn post(
     }
     let limit = state.config.max_body_bytes;
     let too_large = || {
-        http_error(
+        let mut r = http_error(
             StatusCode::PAYLOAD_TOO_LARGE,
             -32000,
             &format!("Payload Too Large: the body limit is {limit} bytes"),
-        )
+        );
+        // The rest of the body is not read: the connection cannot be reused.
+        r.headers_mut()
+            .insert(header::CONNECTION, HeaderValue::from_static("close"));
+        r
     };
     let declared =
         header_str(&headers, header::CONTENT_LENGTH.as_str()).and_then(|v| v.parse::<usize>().ok());

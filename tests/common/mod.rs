@@ -189,6 +189,8 @@ pub struct Client {
     pub url: String,
     pub session: Option<String>,
     pub protocol_version: String,
+    /// A bearer token, sent as `Authorization: Bearer <token>` (H-13).
+    pub token: Option<String>,
     next_id: i64,
 }
 
@@ -202,6 +204,7 @@ impl Client {
             url: url.to_owned(),
             session: None,
             protocol_version: "2025-11-25".into(),
+            token: None,
             next_id: 1,
         }
     }
@@ -209,9 +212,11 @@ impl Client {
     /// Point at a restarted server: new connections, same session.
     pub fn reconnect(&mut self, url: &str) {
         let session = self.session.take();
+        let token = self.token.take();
         let next_id = self.next_id;
         *self = Self::new(url);
         self.session = session;
+        self.token = token;
         self.next_id = next_id;
     }
 
@@ -227,6 +232,12 @@ impl Client {
             h.insert(
                 "mcp-protocol-version",
                 HeaderValue::from_str(&self.protocol_version).unwrap(),
+            );
+        }
+        if let Some(t) = &self.token {
+            h.insert(
+                "authorization",
+                HeaderValue::from_str(&format!("Bearer {t}")).unwrap(),
             );
         }
         h
