@@ -41,6 +41,9 @@ enum Command {
     Call(client::CallArgs),
     /// Inspect the tasks of a session on a running broker: list, get, result, cancel.
     Tasks(client::TasksArgs),
+    /// Load generator: K clients create tasks and wait for their results;
+    /// reports tasks/s and latency percentiles. Works against any MCP server.
+    Bench(client::BenchArgs),
     /// Manage bearer tokens: with any token, every request needs one.
     #[command(subcommand)]
     Token(TokenCommand),
@@ -395,6 +398,7 @@ async fn main() -> anyhow::Result<()> {
         Command::Call(args) => std::process::exit(client::call(args).await.into()),
         Command::Tasks(args) => std::process::exit(client::tasks(args).await.into()),
         Command::Token(cmd) => token(cmd).await,
+        Command::Bench(args) => std::process::exit(client::bench(args).await.into()),
     }
 }
 

@@ -6,6 +6,7 @@
 //! a dropped SSE stream with `Last-Event-ID`, and ends its session with
 //! DELETE. The subcommands on top of it are [`call()`] and [`tasks()`].
 
+mod bench;
 mod call;
 mod cli;
 mod error;
@@ -21,6 +22,7 @@ use reqwest::Url;
 use reqwest::header::{ACCEPT, CONTENT_TYPE, HeaderMap, HeaderValue};
 use serde_json::{Value, json};
 
+pub use bench::{BenchArgs, run as bench};
 pub use call::run as call;
 pub use cli::{CallArgs, Connection, TasksArgs, TasksCommand};
 pub use error::{EXIT_FAILURE, EXIT_INTERRUPTED, EXIT_OK, EXIT_UNREACHABLE, EXIT_USAGE, McpError};
