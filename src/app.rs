@@ -219,6 +219,13 @@ pub async fn serve(config: ServeConfig) -> anyhow::Result<()> {
         });
     }
     let graceful = stopping.clone();
+    // Small SSE events must not wait for delayed ACKs (Nagle): ~40 ms each
+    // on a reused connection.
+    let listener = axum::serve::ListenerExt::tap_io(listener, |tcp| {
+        if let Err(e) = tcp.set_nodelay(true) {
+            tracing::debug!(error = %e, "TCP_NODELAY not set");
+        }
+    });
     let server = axum::serve(
         listener,
         app.into_make_service_with_connect_info::<SocketAddr>(),

@@ -74,6 +74,7 @@ impl McpClient {
     pub fn new(url: Url) -> Result<Self, McpError> {
         let http = reqwest::Client::builder()
             .connect_timeout(Duration::from_secs(10))
+            .tcp_nodelay(true)
             // taskbroker sends SSE keep-alives every 15 s; silence this
             // long means the connection is dead.
             .read_timeout(Duration::from_secs(300))
