@@ -10,7 +10,7 @@ use std::time::Duration;
 use anyhow::Context;
 use tokio_util::sync::CancellationToken;
 
-use crate::broker::{Broker, BrokerConfig, Feed, maintenance};
+use crate::broker::{Broker, BrokerConfig, Feed, Writer, maintenance};
 use crate::server::{
     AppState, Audit, ClientRequests, RateLimiter, ServerConfig, SessionStreams, Sessions,
     StreamCounter, Streams, spawn_status_notifier,
@@ -111,7 +111,8 @@ impl Core {
         let tailer = feed
             .spawn_tailer(store.clone(), FEED_TICK, shutdown.clone())
             .await?;
-        let broker = Broker::new(store.clone(), tools, broker, feed);
+        let writer = Writer::spawn(store.clone(), feed.clone());
+        let broker = Broker::new(store.clone(), tools, broker, feed, writer);
         let maintenance = tokio::spawn(maintenance::run(
             broker.clone(),
             maintenance::MaintenanceConfig::for_lease(lease),
@@ -145,6 +146,7 @@ impl Core {
                 kind,
             },
             self.broker.job_queued(),
+            self.broker.writer().clone(),
         )
     }
 

@@ -6,6 +6,7 @@ pub mod cursor;
 mod feed;
 pub mod maintenance;
 mod status;
+mod writer;
 
 use std::collections::HashSet;
 use std::sync::Arc;
@@ -24,6 +25,7 @@ use crate::tools::{Registry, TaskSupport, Tool, ToolOutcome};
 
 pub use feed::{Feed, FeedEvent};
 pub use status::TaskStatus;
+pub use writer::Writer;
 
 /// Limits and defaults of task handling.
 #[derive(Debug, Clone)]
@@ -170,6 +172,8 @@ pub struct Broker {
     feed: Feed,
     /// Wakes the embedded worker pool when a job is queued.
     job_queued: Arc<Notify>,
+    /// Group commit of task creations.
+    writer: Writer,
 }
 
 fn task_from_row(row: &TaskRow) -> Task {
@@ -248,8 +252,15 @@ fn truncate(text: &str, max: usize) -> String {
 
 impl Broker {
     /// A broker over `store` serving `tools`.
-    pub fn new(store: Store, tools: Arc<Registry>, config: BrokerConfig, feed: Feed) -> Self {
+    pub fn new(
+        store: Store,
+        tools: Arc<Registry>,
+        config: BrokerConfig,
+        feed: Feed,
+        writer: Writer,
+    ) -> Self {
         Self {
+            writer,
             store,
             tools,
             config,
@@ -269,6 +280,10 @@ impl Broker {
     /// Limits in force.
     pub fn config(&self) -> &BrokerConfig {
         &self.config
+    }
+    /// The group-commit writer.
+    pub fn writer(&self) -> &Writer {
+        &self.writer
     }
     /// The change feed.
     pub fn feed(&self) -> &Feed {
@@ -363,10 +378,7 @@ impl Broker {
             max_attempts: tool.definition().max_attempts.max(1),
             priority: 0,
         });
-        let row = self
-            .store
-            .task_create(&new, job, refused.as_ref(), now_ms())
-            .await?;
+        let row = self.writer.create(new, job, refused).await?;
         self.feed.kick();
         if job.is_some() {
             self.job_queued.notify_one();

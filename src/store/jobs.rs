@@ -148,34 +148,9 @@ impl Store {
         now: i64,
     ) -> Result<bool, StoreError> {
         let mut tx = self.write.begin_with(BEGIN_IMMEDIATE).await?;
-        let fenced = sqlx::query!(
-            "UPDATE jobs SET state = 'done', lease_token = NULL, lease_expires_at = NULL, finished_at = ?
-              WHERE task_seq = ? AND lease_token = ? AND state = 'running'",
-            now,
-            task_seq,
-            lease_token
-        )
-        .execute(&mut *tx)
-        .await?;
-        if fenced.rows_affected() == 0 {
-            tx.rollback().await?;
-            return Err(StoreError::LeaseLost);
-        }
-        let updated = sqlx::query!(
-            "UPDATE tasks SET status = ?, status_message = ?, result = ?, result_kind = ?,
-                    updated_at = MAX(updated_at, ?)
-              WHERE seq = ? AND status IN ('working', 'input_required')",
-            outcome.status,
-            outcome.status_message,
-            outcome.result,
-            outcome.result_kind,
-            now,
-            task_seq
-        )
-        .execute(&mut *tx)
-        .await?;
+        let took = complete_in(&mut tx, task_seq, lease_token, outcome, now).await?;
         tx.commit().await?;
-        Ok(updated.rows_affected() == 1)
+        Ok(took)
     }
 
     /// Close a job whose task was cancelled while it ran, fenced by the
@@ -333,4 +308,41 @@ impl Store {
             closed: closed.saturating_sub(failed),
         })
     }
+}
+
+/// The statements of `job_complete`, inside the caller's transaction.
+/// `LeaseLost` (and nothing written) when the token no longer holds the job.
+pub(super) async fn complete_in(
+    conn: &mut sqlx::SqliteConnection,
+    task_seq: i64,
+    lease_token: &str,
+    outcome: &TaskOutcome,
+    now: i64,
+) -> Result<bool, StoreError> {
+    let fenced = sqlx::query!(
+        "UPDATE jobs SET state = 'done', lease_token = NULL, lease_expires_at = NULL, finished_at = ?
+          WHERE task_seq = ? AND lease_token = ? AND state = 'running'",
+        now,
+        task_seq,
+        lease_token
+    )
+    .execute(&mut *conn)
+    .await?;
+    if fenced.rows_affected() == 0 {
+        return Err(StoreError::LeaseLost);
+    }
+    let updated = sqlx::query!(
+        "UPDATE tasks SET status = ?, status_message = ?, result = ?, result_kind = ?,
+                updated_at = MAX(updated_at, ?)
+          WHERE seq = ? AND status IN ('working', 'input_required')",
+        outcome.status,
+        outcome.status_message,
+        outcome.result,
+        outcome.result_kind,
+        now,
+        task_seq
+    )
+    .execute(&mut *conn)
+    .await?;
+    Ok(updated.rows_affected() == 1)
 }

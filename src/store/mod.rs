@@ -7,6 +7,7 @@
 //! `BEGIN IMMEDIATE` transaction: SQLite fails a DEFERRED transaction that
 //! reads then writes at once, without honouring the busy timeout.
 
+mod batch;
 mod jobs;
 mod messages;
 mod migrate;
@@ -24,6 +25,7 @@ use sqlx::sqlite::{
     SqliteConnectOptions, SqliteJournalMode, SqlitePool, SqlitePoolOptions, SqliteSynchronous,
 };
 
+pub use batch::WriteOp;
 pub use jobs::{ClaimedJob, HeartbeatOutcome, RescueReport};
 pub use messages::{AnswerOutcome, TaskMessage};
 pub use sessions::{NewSession, SessionRow};
@@ -48,6 +50,9 @@ pub enum StoreError {
     /// A schema migration failed.
     #[error("migration failed: {0}")]
     Migrate(String),
+    /// A group commit failed as a whole: this write was not committed.
+    #[error("the group commit failed: {0}")]
+    Batch(String),
     /// The database's schema is not the one this build knows.
     #[error("{0}")]
     Schema(String),

@@ -142,52 +142,7 @@ impl Store {
         now: i64,
     ) -> Result<TaskRow, StoreError> {
         let mut tx = self.write.begin_with(BEGIN_IMMEDIATE).await?;
-        let expires_at = new.ttl_ms.map(|ttl| now.saturating_add(ttl));
-        let seq = sqlx::query_scalar!(
-            r#"INSERT INTO tasks (task_id, owner, tool, arguments, status, created_at, updated_at,
-                                  ttl_ms, expires_at, poll_interval_ms, progress_token, session_id)
-               VALUES (?, ?, ?, ?, 'working', ?, ?, ?, ?, ?, ?, ?)
-               RETURNING seq"#,
-            new.task_id,
-            new.owner,
-            new.tool,
-            new.arguments,
-            now,
-            now,
-            new.ttl_ms,
-            expires_at,
-            new.poll_interval_ms,
-            new.progress_token,
-            new.session_id,
-        )
-        .fetch_one(&mut *tx)
-        .await?;
-        if let Some(job) = job {
-            sqlx::query!(
-                "INSERT INTO jobs (task_seq, max_attempts, priority, run_after) VALUES (?, ?, ?, ?)",
-                seq,
-                job.max_attempts,
-                job.priority,
-                now
-            )
-            .execute(&mut *tx)
-            .await?;
-        }
-        if let Some(outcome) = outcome {
-            sqlx::query!(
-                "UPDATE tasks SET status = ?, status_message = ?, result = ?, result_kind = ?, updated_at = ?
-                  WHERE seq = ?",
-                outcome.status,
-                outcome.status_message,
-                outcome.result,
-                outcome.result_kind,
-                now,
-                seq
-            )
-            .execute(&mut *tx)
-            .await?;
-        }
-        let row = task_by_seq(&mut tx, seq).await?;
+        let row = create_in(&mut tx, new, job, outcome, now).await?;
         tx.commit().await?;
         Ok(row)
     }
@@ -461,6 +416,62 @@ impl Store {
                 .await?;
         Ok(head)
     }
+}
+
+/// The statements of `task_create`, inside the caller's transaction.
+pub(super) async fn create_in(
+    conn: &mut sqlx::SqliteConnection,
+    new: &NewTask,
+    job: Option<NewJob>,
+    outcome: Option<&TaskOutcome>,
+    now: i64,
+) -> Result<TaskRow, StoreError> {
+    let expires_at = new.ttl_ms.map(|ttl| now.saturating_add(ttl));
+    let seq = sqlx::query_scalar!(
+        r#"INSERT INTO tasks (task_id, owner, tool, arguments, status, created_at, updated_at,
+                              ttl_ms, expires_at, poll_interval_ms, progress_token, session_id)
+           VALUES (?, ?, ?, ?, 'working', ?, ?, ?, ?, ?, ?, ?)
+           RETURNING seq"#,
+        new.task_id,
+        new.owner,
+        new.tool,
+        new.arguments,
+        now,
+        now,
+        new.ttl_ms,
+        expires_at,
+        new.poll_interval_ms,
+        new.progress_token,
+        new.session_id,
+    )
+    .fetch_one(&mut *conn)
+    .await?;
+    if let Some(job) = job {
+        sqlx::query!(
+            "INSERT INTO jobs (task_seq, max_attempts, priority, run_after) VALUES (?, ?, ?, ?)",
+            seq,
+            job.max_attempts,
+            job.priority,
+            now
+        )
+        .execute(&mut *conn)
+        .await?;
+    }
+    if let Some(outcome) = outcome {
+        sqlx::query!(
+            "UPDATE tasks SET status = ?, status_message = ?, result = ?, result_kind = ?, updated_at = ?
+              WHERE seq = ?",
+            outcome.status,
+            outcome.status_message,
+            outcome.result,
+            outcome.result_kind,
+            now,
+            seq
+        )
+        .execute(&mut *conn)
+        .await?;
+    }
+    task_by_seq(conn, seq).await
 }
 
 pub(super) async fn task_by_seq(

@@ -10,7 +10,7 @@ use serde_json::Value;
 use tokio::sync::{Notify, Semaphore, mpsc};
 use tokio_util::sync::CancellationToken;
 
-use crate::broker::{Feed, FeedEvent, outcome_to_record};
+use crate::broker::{Feed, FeedEvent, Writer, outcome_to_record};
 use crate::clock::now_ms;
 use crate::mcp::RpcError;
 use crate::store::{ClaimedJob, NewWorker, Store, StoreError, TaskMessage};
@@ -46,6 +46,8 @@ pub struct WorkerPool {
     job_queued: Arc<Notify>,
     /// Jobs running now (for the workers table).
     running: Arc<AtomicUsize>,
+    /// Group commit of completions.
+    writer: Writer,
 }
 
 fn millis(d: Duration) -> i64 {
@@ -63,6 +65,7 @@ impl WorkerPool {
         feed: Feed,
         config: WorkerConfig,
         job_queued: Arc<Notify>,
+        writer: Writer,
     ) -> Self {
         let worker_id = format!(
             "{}:{}:{}",
@@ -78,6 +81,7 @@ impl WorkerPool {
             worker_id,
             job_queued,
             running: Arc::new(AtomicUsize::new(0)),
+            writer,
         }
     }
 
@@ -490,8 +494,8 @@ impl WorkerPool {
         // A busy database is retried; a lost lease is final.
         for attempt in 0..5u32 {
             match self
-                .store
-                .job_complete(job.task_seq, &job.lease_token, &record, now_ms())
+                .writer
+                .complete(job.task_seq, &job.lease_token, record.clone())
                 .await
             {
                 Ok(took) => {
