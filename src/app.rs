@@ -86,7 +86,7 @@ pub struct WorkConfig {
 }
 
 /// How often the change-feed tailer checks for commits by other processes.
-const FEED_TICK: Duration = Duration::from_millis(20);
+const FEED_TICK: Duration = Duration::from_millis(10);
 
 /// Store-side services every broker process runs: the change feed and
 /// maintenance (ttl purge, lease rescue).
