@@ -21,23 +21,33 @@ fn stream_id() -> String {
     uuid::Uuid::new_v4().simple().to_string()
 }
 
+/// The priming event (H-4): an id, `retry`, and an empty data field.
+pub(super) fn priming_event(id: &str, retry_ms: u64) -> Bytes {
+    Bytes::from(format!("id: {id}\nretry: {retry_ms}\ndata: \n\n"))
+}
+
+/// One JSON-RPC message as an SSE event with `id`.
+pub(super) fn message_event(id: &str, message: &Value) -> Bytes {
+    // serde_json never emits a raw newline, so one data line suffices.
+    Bytes::from(format!("id: {id}\nevent: message\ndata: {message}\n\n"))
+}
+
+/// A comment that keeps an idle connection open.
+pub(super) const KEEP_ALIVE: &[u8] = b": keep-alive\n\n";
+
 fn priming(stream: &str) -> Bytes {
-    Bytes::from(format!("id: {stream}-0\nretry: {RETRY_MS}\ndata: \n\n"))
+    priming_event(&format!("{stream}-0"), RETRY_MS)
 }
 
 /// `retry` (ms) announced by non-resumable request streams.
 const RETRY_MS: u64 = 1000;
 
 fn message(stream: &str, n: u64, message: &Value) -> Bytes {
-    // serde_json never emits a raw newline, so one data line suffices.
-    Bytes::from(format!(
-        "id: {stream}-{n}\nevent: message\ndata: {message}\n\n"
-    ))
+    message_event(&format!("{stream}-{n}"), message)
 }
 
-const KEEP_ALIVE: &str = ": keep-alive\n\n";
-
-fn sse_response(
+/// An SSE response with `stream` as its body.
+pub(super) fn sse_response(
     stream: impl futures_util::Stream<Item = Result<Bytes, Infallible>> + Send + 'static,
 ) -> Response {
     (
@@ -84,7 +94,7 @@ pub fn respond(
             match next {
                 Next::Note(note) => { n += 1; yield Ok(message(&id, n, &note)); }
                 Next::Closed => notifications = None,
-                Next::Tick => yield Ok(Bytes::from_static(KEEP_ALIVE.as_bytes())),
+                Next::Tick => yield Ok(Bytes::from_static(KEEP_ALIVE)),
                 Next::Last(value) => {
                     // Progress sent before the result goes out first.
                     if let Some(rx) = notifications.as_mut() {
@@ -116,11 +126,11 @@ pub fn session_stream(
     mut live: mpsc::UnboundedReceiver<(i64, Value)>,
 ) -> Response {
     let stream = async_stream::stream! {
-        yield Ok::<_, Infallible>(Bytes::from(format!("id: g-{from}\nretry: {retry_ms}\ndata: \n\n")));
+        yield Ok::<_, Infallible>(priming_event(&format!("g-{from}"), retry_ms));
         let mut last = from;
         for (id, m) in replay {
             last = last.max(id);
-            yield Ok(Bytes::from(format!("id: g-{id}\nevent: message\ndata: {m}\n\n")));
+            yield Ok(message_event(&format!("g-{id}"), &m));
         }
         loop {
             tokio::select! {
@@ -129,11 +139,11 @@ pub fn session_stream(
                     Some((id, _)) if id <= last => {}
                     Some((id, m)) => {
                         last = id;
-                        yield Ok(Bytes::from(format!("id: g-{id}\nevent: message\ndata: {m}\n\n")));
+                        yield Ok(message_event(&format!("g-{id}"), &m));
                     }
                     None => break,
                 },
-                _ = tokio::time::sleep(keep_alive) => yield Ok(Bytes::from_static(KEEP_ALIVE.as_bytes())),
+                _ = tokio::time::sleep(keep_alive) => yield Ok(Bytes::from_static(KEEP_ALIVE)),
             }
         }
     };

@@ -16,9 +16,10 @@ use std::convert::Infallible;
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::{Duration, Instant};
 
-use axum::body::{Body, Bytes};
-use axum::http::{StatusCode, header};
-use axum::response::{IntoResponse, Response};
+use axum::body::Bytes;
+use axum::response::Response;
+
+use super::sse::{KEEP_ALIVE, message_event, priming_event, sse_response};
 use serde_json::Value;
 use tokio::sync::Notify;
 
@@ -185,9 +186,7 @@ impl Streams {
         };
         let body = async_stream::stream! {
             if first {
-                yield Ok::<_, Infallible>(Bytes::from(format!(
-                    "id: {}-0\nretry: {retry}\ndata: \n\n", stream.id
-                )));
+                yield Ok::<_, Infallible>(priming_event(&format!("{}-0", stream.id), retry));
             }
             let mut next = after;
             loop {
@@ -201,9 +200,7 @@ impl Streams {
                 };
                 for message in &batch {
                     next += 1;
-                    yield Ok(Bytes::from(format!(
-                        "id: {}-{next}\nevent: message\ndata: {message}\n\n", stream.id
-                    )));
+                    yield Ok(message_event(&format!("{}-{next}", stream.id), message));
                 }
                 if finished && next == stream.lock().events.len() || closed {
                     break;
@@ -211,20 +208,12 @@ impl Streams {
                 tokio::select! {
                     _ = &mut notified => {}
                     _ = tokio::time::sleep(keep_alive) => {
-                        yield Ok(Bytes::from_static(b": keep-alive\n\n"));
+                        yield Ok(Bytes::from_static(KEEP_ALIVE));
                     }
                 }
             }
         };
-        (
-            StatusCode::OK,
-            [
-                (header::CONTENT_TYPE, "text/event-stream"),
-                (header::CACHE_CONTROL, "no-cache"),
-            ],
-            Body::from_stream(body),
-        )
-            .into_response()
+        sse_response(body)
     }
 }
 
