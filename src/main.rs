@@ -11,7 +11,7 @@ use clap::{Args, Parser, Subcommand};
 use taskbroker::app::{self, ServeConfig, WorkConfig};
 use taskbroker::broker::BrokerConfig;
 use taskbroker::client;
-use taskbroker::config::Config;
+use taskbroker::config::{Config, DurationValue};
 use taskbroker::server::ServerConfig;
 use taskbroker::store::Durability;
 use taskbroker::tools::{Tool, conformance_tools, demo_tools};
@@ -199,6 +199,37 @@ fn positive_secs(s: &str) -> Result<f64, String> {
     }
 }
 
+/// A duration in the config file, if set.
+type FileDuration = Option<toml::Spanned<DurationValue>>;
+
+/// A duration setting: the flag if given, else the first config key that is
+/// set, else `default`.
+fn duration_setting(
+    config: &Config,
+    flag: Option<Duration>,
+    keys: &[&FileDuration],
+    default: Duration,
+) -> anyhow::Result<Duration> {
+    if let Some(d) = flag {
+        return Ok(d);
+    }
+    for key in keys {
+        if let Some(d) = config.duration(key)? {
+            return Ok(d);
+        }
+    }
+    Ok(default)
+}
+
+/// Leases shorter than this would expire between heartbeats.
+fn lease_setting(lease: Duration) -> anyhow::Result<Duration> {
+    anyhow::ensure!(
+        lease >= Duration::from_millis(100),
+        "lease must be at least 100 ms"
+    );
+    Ok(lease)
+}
+
 fn ms(d: Duration) -> i64 {
     i64::try_from(d.as_millis()).unwrap_or(i64::MAX)
 }
@@ -254,40 +285,34 @@ impl ServeArgs {
     fn into_config(self) -> anyhow::Result<ServeConfig> {
         let config = load_config(self.config.as_ref())?;
         let s = &config.file.server;
-        let lease = match self.lease {
-            Some(v) => Duration::from_secs_f64(v),
-            None => config
-                .duration(&s.lease)?
-                .unwrap_or(Duration::from_secs(30)),
+        let setting = |flag: Option<Duration>, keys: &[&FileDuration], default: Duration| {
+            duration_setting(&config, flag, keys, default)
         };
-        anyhow::ensure!(
-            lease >= Duration::from_millis(100),
-            "lease must be at least 100 ms"
-        );
-        let grace = match self.grace {
-            Some(v) => Duration::from_secs_f64(v),
-            None => config
-                .duration(&s.grace)?
-                .unwrap_or(Duration::from_secs(10)),
-        };
-        let max_ttl = match self.max_ttl {
-            Some(v) => Duration::from_secs(v),
-            None => config
-                .duration(&s.max_ttl)?
-                .unwrap_or(Duration::from_secs(7 * 24 * 3600)),
-        };
-        let default_ttl = match self.default_ttl {
-            Some(v) => Duration::from_secs(v),
-            None => config
-                .duration(&s.default_ttl)?
-                .unwrap_or(Duration::from_secs(3600)),
-        };
-        let poll_interval = match self.poll_interval {
-            Some(v) => Duration::from_millis(v),
-            None => config
-                .duration(&s.poll_interval)?
-                .unwrap_or(Duration::from_secs(1)),
-        };
+        let lease = lease_setting(setting(
+            self.lease.map(Duration::from_secs_f64),
+            &[&s.lease],
+            Duration::from_secs(30),
+        )?)?;
+        let grace = setting(
+            self.grace.map(Duration::from_secs_f64),
+            &[&s.grace],
+            Duration::from_secs(10),
+        )?;
+        let max_ttl = setting(
+            self.max_ttl.map(Duration::from_secs),
+            &[&s.max_ttl],
+            Duration::from_secs(7 * 24 * 3600),
+        )?;
+        let default_ttl = setting(
+            self.default_ttl.map(Duration::from_secs),
+            &[&s.default_ttl],
+            Duration::from_secs(3600),
+        )?;
+        let poll_interval = setting(
+            self.poll_interval.map(Duration::from_millis),
+            &[&s.poll_interval],
+            Duration::from_secs(1),
+        )?;
         let mut allowed_origins = s.allowed_origins.clone().unwrap_or_default();
         allowed_origins.extend(self.allowed_origins);
         Ok(ServeConfig {
@@ -336,24 +361,20 @@ impl WorkerArgs {
     fn into_config(self) -> anyhow::Result<WorkConfig> {
         let config = load_config(self.config.as_ref())?;
         let (s, w) = (&config.file.server, &config.file.worker);
-        let lease = match self.lease {
-            Some(v) => Duration::from_secs_f64(v),
-            None => config
-                .duration(&w.lease)?
-                .or(config.duration(&s.lease)?)
-                .unwrap_or(Duration::from_secs(30)),
+        let setting = |flag: Option<Duration>, keys: &[&FileDuration], default: Duration| {
+            duration_setting(&config, flag, keys, default)
         };
-        anyhow::ensure!(
-            lease >= Duration::from_millis(100),
-            "lease must be at least 100 ms"
-        );
-        let grace = match self.grace {
-            Some(v) => Duration::from_secs_f64(v),
-            None => config
-                .duration(&w.grace)?
-                .or(config.duration(&s.grace)?)
-                .unwrap_or(Duration::from_secs(10)),
-        };
+        // [worker] first, then [server].
+        let lease = lease_setting(setting(
+            self.lease.map(Duration::from_secs_f64),
+            &[&w.lease, &s.lease],
+            Duration::from_secs(30),
+        )?)?;
+        let grace = setting(
+            self.grace.map(Duration::from_secs_f64),
+            &[&w.grace, &s.grace],
+            Duration::from_secs(10),
+        )?;
         Ok(WorkConfig {
             db: self
                 .db
