@@ -134,6 +134,9 @@ pub enum BrokerError {
     /// Params the rules refuse (e.g. a negative ttl).
     #[error("{0}")]
     InvalidParams(String),
+    /// The process is stopping: the change feed closed under a waiter.
+    #[error("the broker is shutting down")]
+    ShuttingDown,
     /// A limit of the broker (T-38).
     #[error("{0}")]
     Limit(String),
@@ -158,7 +161,7 @@ impl BrokerError {
                 RpcError::new(ErrorCode::MethodNotFound, self.to_string())
             }
             Self::Limit(_) => RpcError::new(ErrorCode::Other(-32000), self.to_string()),
-            Self::Store(_) => RpcError::internal(),
+            Self::Store(_) | Self::ShuttingDown => RpcError::internal(),
         }
     }
 }
@@ -469,7 +472,7 @@ impl Broker {
                         },
                         Err(broadcast::error::RecvError::Lagged(_)) => break,
                         Err(broadcast::error::RecvError::Closed) => {
-                            return Err(BrokerError::Store(StoreError::Db(sqlx::Error::PoolClosed)));
+                            return Err(BrokerError::ShuttingDown);
                         }
                     },
                 }
