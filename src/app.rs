@@ -195,6 +195,7 @@ pub async fn serve(config: ServeConfig) -> anyhow::Result<()> {
         )),
         open_streams: Arc::new(StreamCounter::new(config.server.max_sse_streams)),
         audit: Arc::new(Audit::default()),
+        token_presence: Arc::default(),
         session_streams,
         broker: core.broker.clone(),
         sessions: Arc::new(Sessions::new(store.clone())),

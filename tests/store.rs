@@ -25,7 +25,7 @@ use sqlx::SqlitePool;
 use sqlx::sqlite::{SqliteConnectOptions, SqlitePoolOptions};
 use taskbroker::store::{
     CancelOutcome, ClaimedJob, Durability, NewJob, NewSession, NewTask, RescueReport, Store,
-    StoreError, TaskOutcome, TaskRow,
+    StoreError, TaskOutcome, TaskRow, WriteOp,
 };
 use tempfile::TempDir;
 
@@ -2505,4 +2505,219 @@ async fn raw_sql_unknown_status_value_refused_by_check() {
     let row = get(&db.store, "t-1").await;
     assert_eq!(row.status, "working");
     assert_eq!(history(&raw, "t-1").await.len(), 1);
+}
+
+// Group commit (write_batch) --------------------------------------------------
+
+/// A creation for `write_batch`, and where its answer arrives.
+fn create_op(
+    new: NewTask,
+    job: Option<NewJob>,
+    outcome: Option<TaskOutcome>,
+) -> (
+    WriteOp,
+    tokio::sync::oneshot::Receiver<Result<TaskRow, StoreError>>,
+) {
+    let (reply, rx) = tokio::sync::oneshot::channel();
+    (
+        WriteOp::Create {
+            new,
+            job,
+            outcome,
+            reply,
+        },
+        rx,
+    )
+}
+
+/// A completion for `write_batch`, and where its answer arrives.
+fn complete_op(
+    task_seq: i64,
+    token: &str,
+    outcome: TaskOutcome,
+) -> (
+    WriteOp,
+    tokio::sync::oneshot::Receiver<Result<bool, StoreError>>,
+) {
+    let (reply, rx) = tokio::sync::oneshot::channel();
+    (
+        WriteOp::Complete {
+            task_seq,
+            task_id: String::new(),
+            lease_token: token.to_owned(),
+            outcome,
+            reply,
+        },
+        rx,
+    )
+}
+
+/// Grouped path: creations and completions of one batch in one commit; a
+/// lost lease answers LeaseLost for that write alone (T-9, T-22 fencing).
+#[tokio::test]
+async fn write_batch_groups_creations_and_completions() {
+    let db = TestDb::new().await;
+    let raw = db.raw().await;
+    let a = db
+        .store
+        .task_create(&new_task("a", "alice"), Some(JOB), None, T0)
+        .await
+        .unwrap();
+    let b = db
+        .store
+        .task_create(&new_task("b", "alice"), Some(JOB), None, T0)
+        .await
+        .unwrap();
+    let claimed = db
+        .store
+        .job_claim_available("w1", "lease-1", 10, LEASE_MS, T0 + 1)
+        .await
+        .unwrap();
+    assert_eq!(claimed.len(), 2);
+    assert!(
+        claimed.iter().all(|j| j.progress_token.is_none()),
+        "a NULL column stays None: {claimed:?}"
+    );
+    let mut ops = Vec::new();
+    let mut created = Vec::new();
+    for id in ["n1", "n2", "n3"] {
+        let (op, rx) = create_op(new_task(id, "bob"), Some(JOB), None);
+        ops.push(op);
+        created.push(rx);
+    }
+    let (op, done_a) = complete_op(a.seq, "lease-1", completed_outcome());
+    ops.push(op);
+    let (op, stale_b) = complete_op(b.seq, "not-the-lease", completed_outcome());
+    ops.push(op);
+    db.store.write_batch(ops, T0 + 10).await;
+
+    for (rx, id) in created.into_iter().zip(["n1", "n2", "n3"]) {
+        let row = rx.await.unwrap().unwrap();
+        assert_eq!(row.task_id, id);
+        assert_eq!(row.status, "working", "T-9");
+        assert_eq!(row.created_at, T0 + 10);
+        assert_eq!(
+            row,
+            get(&db.store, id).await,
+            "the answer is the stored row"
+        );
+        let j = job(&raw, row.seq).await.unwrap();
+        assert_eq!(j.state, "queued");
+    }
+    assert!(done_a.await.unwrap().unwrap(), "a took its outcome");
+    assert_lease_lost(stale_b.await.unwrap());
+    assert_eq!(get(&db.store, "a").await.status, "completed");
+    assert_eq!(get(&db.store, "a").await.updated_at, T0 + 10);
+    assert_eq!(get(&db.store, "b").await.status, "working", "fenced out");
+    assert_eq!(job(&raw, b.seq).await.unwrap().state, "running");
+}
+
+/// A write the grouped statements cannot take (a duplicate task id) sends
+/// the batch one by one: that write fails alone, the others commit.
+#[tokio::test]
+async fn write_batch_failing_write_fails_alone() {
+    let db = TestDb::new().await;
+    let raw = db.raw().await;
+    let (op1, first) = create_op(new_task("dup", "alice"), Some(JOB), None);
+    let (op2, second) = create_op(new_task("dup", "alice"), Some(JOB), None);
+    let (op3, other) = create_op(new_task("ok", "alice"), Some(JOB), None);
+    let (op4, refused) = create_op(
+        new_task("refused", "alice"),
+        None,
+        Some(failed_outcome("bad arguments")),
+    );
+    db.store.write_batch(vec![op1, op2, op3, op4], T0).await;
+    let first = first.await.unwrap().unwrap();
+    assert!(matches!(second.await.unwrap(), Err(StoreError::Db(_))));
+    let other = other.await.unwrap().unwrap();
+    let refused = refused.await.unwrap().unwrap();
+    assert_eq!(refused.status, "failed");
+    assert_eq!(
+        transitions(&raw, "refused").await,
+        vec![tr(None, "working"), tr(Some("working"), "failed")],
+        "T-9: even a refused call starts working"
+    );
+    let n: i64 = sqlx::query_scalar("SELECT count(*) FROM tasks")
+        .fetch_one(&raw)
+        .await
+        .unwrap();
+    assert_eq!(n, 3);
+    assert!(job(&raw, first.seq).await.is_some());
+    assert!(job(&raw, other.seq).await.is_some());
+    assert!(job(&raw, refused.seq).await.is_none());
+}
+
+/// The same job completed twice in one batch: the first holds the lease,
+/// the second is fenced out.
+#[tokio::test]
+async fn write_batch_same_job_twice_second_is_fenced() {
+    let db = TestDb::new().await;
+    let row = db
+        .store
+        .task_create(&new_task("t", "alice"), Some(JOB), None, T0)
+        .await
+        .unwrap();
+    claim_one(&db.store, "w1", "lease-1", T0 + 1).await;
+    let (op1, first) = complete_op(row.seq, "lease-1", completed_outcome());
+    let (op2, second) = complete_op(row.seq, "lease-1", failed_outcome("again"));
+    db.store.write_batch(vec![op1, op2], T0 + 5).await;
+    assert!(first.await.unwrap().unwrap());
+    assert_lease_lost(second.await.unwrap());
+    assert_eq!(get(&db.store, "t").await.status, "completed");
+}
+
+/// A job's new attempt (after its worker vanished) abandons what the old
+/// attempt asked the client and sets an input_required task working again
+/// (T-27), in the claim itself.
+#[tokio::test]
+async fn new_attempt_abandons_old_requests_and_resumes_working() {
+    let db = TestDb::new().await;
+    let raw = db.raw().await;
+    let row = db
+        .store
+        .task_create(&new_task("t", "alice"), Some(JOB), None, T0)
+        .await
+        .unwrap();
+    claim_one(&db.store, "w1", "lease-1", T0 + 1).await;
+    let ask = taskbroker::store::TaskMessage {
+        request_id: "r-1".into(),
+        task_id: "t".into(),
+        method: "elicitation/create".into(),
+        params: "{}".into(),
+        response: None,
+    };
+    db.store
+        .task_message_ask(row.seq, "lease-1", &ask, T0 + 2)
+        .await
+        .unwrap();
+    assert_eq!(get(&db.store, "t").await.status, "input_required");
+    // The worker vanishes; its lease runs out; another claims the job.
+    let report = db
+        .store
+        .job_rescue_expired(0, T0 + LEASE_MS + 10)
+        .await
+        .unwrap();
+    assert_eq!(report.requeued, 1);
+    let again = claim_one(&db.store, "w2", "lease-2", T0 + LEASE_MS + 2_000).await;
+    assert_eq!(again.attempt, 2);
+    let task = get(&db.store, "t").await;
+    assert_eq!(task.status, "working");
+    assert_eq!(
+        task.status_message.as_deref(),
+        Some("running again (attempt 2)")
+    );
+    assert!(task.updated_at >= T0 + 2, "T-13: never backwards");
+    assert!(
+        db.store
+            .task_messages_pending("t")
+            .await
+            .unwrap()
+            .is_empty()
+    );
+    let state: String =
+        sqlx::query_scalar("SELECT state FROM task_messages WHERE request_id = 'r-1'")
+            .fetch_one(&raw)
+            .await
+            .unwrap();
+    assert_eq!(state, "abandoned");
 }

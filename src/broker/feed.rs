@@ -9,7 +9,7 @@
 use std::sync::Arc;
 use std::time::Duration;
 
-use tokio::sync::{Notify, broadcast};
+use tokio::sync::{Notify, broadcast, watch};
 use tokio_util::sync::CancellationToken;
 
 use crate::store::{ProgressEvent, Store, TaskEvent};
@@ -21,6 +21,10 @@ pub enum FeedEvent {
     Status(TaskEvent),
     /// A progress report of a running task (a `task_progress` row).
     Progress(ProgressEvent),
+    /// This process just committed a change of the task's status (say, its
+    /// outcome): waiters in this process may look at once, before the
+    /// tailer delivers the matching `Status`.
+    Written(Arc<str>),
 }
 
 impl FeedEvent {
@@ -29,6 +33,7 @@ impl FeedEvent {
         match self {
             Self::Status(e) => &e.task_id,
             Self::Progress(p) => &p.task_id,
+            Self::Written(task_id) => task_id,
         }
     }
 }
@@ -44,8 +49,9 @@ const IDLE_STEPS: u32 = 40;
 pub struct Feed {
     events: broadcast::Sender<Arc<FeedEvent>>,
     kick: Arc<Notify>,
-    /// Notified whenever the tailer sees a commit by any connection.
-    changed: Arc<Notify>,
+    /// Counts the batches of new tasks the tailer saw (any process): a job
+    /// may be waiting for a worker.
+    created: watch::Sender<u64>,
 }
 
 impl Feed {
@@ -55,7 +61,7 @@ impl Feed {
         Self {
             events,
             kick: Arc::new(Notify::new()),
-            changed: Arc::new(Notify::new()),
+            created: watch::Sender::new(0),
         }
     }
 
@@ -64,14 +70,24 @@ impl Feed {
         self.events.subscribe()
     }
 
-    /// Resolves at the next commit the tailer sees (any process).
-    pub async fn changed(&self) {
-        self.changed.notified().await;
+    /// Watch tasks being created (any process): `changed()` resolves once
+    /// a task was created after the receiver last looked.
+    pub fn tasks_created(&self) -> watch::Receiver<u64> {
+        self.created.subscribe()
     }
 
     /// Tell the tailer this process just committed a change.
     pub fn kick(&self) {
         self.kick.notify_one();
+    }
+
+    /// Tell this process's waiters that the status of `task_id` was just
+    /// committed here, and kick the tailer.
+    pub fn written(&self, task_id: &str) {
+        let _ = self
+            .events
+            .send(Arc::new(FeedEvent::Written(Arc::from(task_id))));
+        self.kick();
     }
 
     /// Start the tailer: it runs until `shutdown`.
@@ -104,7 +120,6 @@ impl Feed {
                     Ok(v) => {
                         version = v;
                         idle = 0;
-                        feed.changed.notify_waiters();
                     }
                     Err(e) => {
                         tracing::warn!(error = %e, "change feed: data_version failed");
@@ -139,6 +154,9 @@ impl Feed {
                     match store.task_events_since(&mut conn, last_id, BATCH).await {
                         Ok(rows) => {
                             let n = rows.len();
+                            if rows.iter().any(|r| r.from_status.is_none()) {
+                                feed.created.send_modify(|n| *n += 1);
+                            }
                             for row in rows {
                                 last_id = row.id;
                                 let _ = feed.events.send(Arc::new(FeedEvent::Status(row)));

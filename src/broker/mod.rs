@@ -5,6 +5,7 @@
 pub mod cursor;
 mod feed;
 pub mod maintenance;
+mod open_tasks;
 mod status;
 mod writer;
 
@@ -22,6 +23,7 @@ use crate::store::{
     TaskMessage, TaskOutcome, TaskRow,
 };
 use crate::tools::{Registry, TaskSupport, Tool, ToolOutcome};
+use open_tasks::OpenTasks;
 
 pub use feed::{Feed, FeedEvent};
 pub use status::TaskStatus;
@@ -177,6 +179,32 @@ pub struct Broker {
     job_queued: Arc<Notify>,
     /// Group commit of task creations.
     writer: Writer,
+    /// Bounds of open tasks per requestor (T-38).
+    open_tasks: Arc<OpenTasks>,
+}
+
+/// What the first look of a tasks/result found.
+#[derive(Debug)]
+pub enum ResultLook {
+    /// The task is terminal: its outcome.
+    Ready(TaskResult),
+    /// Not yet: wait with [`Broker::tasks_result_wait`].
+    Pending(PendingResult),
+}
+
+/// A tasks/result that waits: the row as first read, and the feed
+/// subscribed before that read.
+#[derive(Debug)]
+pub struct PendingResult {
+    feed: broadcast::Receiver<Arc<FeedEvent>>,
+    row: Box<TaskRow>,
+}
+
+impl PendingResult {
+    /// The task as first read.
+    pub fn task(&self) -> Task {
+        task_from_row(&self.row)
+    }
 }
 
 fn task_from_row(row: &TaskRow) -> Task {
@@ -266,9 +294,10 @@ impl Broker {
             writer,
             store,
             tools,
-            config,
             feed,
             job_queued: Arc::new(Notify::new()),
+            open_tasks: Arc::new(OpenTasks::new(config.max_open_tasks)),
+            config,
         }
     }
 
@@ -354,13 +383,16 @@ impl Broker {
         let ttl_ms = self.effective_ttl(requested_ttl)?;
         let arguments = Value::Object(arguments);
         self.check_arguments_size(&arguments)?;
-        let open = self.store.task_count_open(owner).await?;
-        if open >= self.config.max_open_tasks {
-            return Err(BrokerError::Limit(format!(
-                "Too many open tasks: {open} working or input_required, the limit per requestor is {} \
-                 (max_open_tasks); wait for some to finish or cancel them",
-                self.config.max_open_tasks
-            )));
+        if !self.open_tasks.try_reserve(owner) {
+            let open = self.store.task_count_open(owner).await?;
+            if open >= self.config.max_open_tasks {
+                return Err(BrokerError::Limit(format!(
+                    "Too many open tasks: {open} working or input_required, the limit per requestor is {} \
+                     (max_open_tasks); wait for some to finish or cancel them",
+                    self.config.max_open_tasks
+                )));
+            }
+            self.open_tasks.reserve_counted(owner, open);
         }
         let refused = self
             .tools
@@ -410,33 +442,48 @@ impl Broker {
         Ok(task_from_row(&self.visible_row(owner, task_id).await?))
     }
 
-    /// tasks/result without waiting: the stored outcome, or `Pending`.
-    pub async fn tasks_result_now(
+    /// tasks/result, first look: the stored outcome, or what waiting for it
+    /// needs. The feed is subscribed before the row is read, so no change
+    /// after this look goes unseen.
+    pub async fn tasks_result_start(
         &self,
         owner: &str,
         task_id: &str,
-    ) -> Result<TaskResult, BrokerError> {
+    ) -> Result<ResultLook, BrokerError> {
+        let feed = self.feed.subscribe();
         let row = self.visible_row(owner, task_id).await?;
-        Ok(result_of(&row))
+        Ok(match result_of(&row) {
+            TaskResult::Pending => ResultLook::Pending(PendingResult {
+                feed,
+                row: Box::new(row),
+            }),
+            done => ResultLook::Ready(done),
+        })
     }
 
     /// tasks/result: wait until the task is terminal (T-14), then its outcome.
-    /// Woken by the change feed; re-reads the row now and then in case it
-    /// expired while waiting. Meanwhile `events` (when given) gets what the
-    /// waiting client should see: the task's progress (T-32), its status
-    /// changes (T-31), and the requests it has pending for the client while
-    /// input_required (T-26), each request once per wait.
+    /// Woken by the change feed (a status change of the task); re-reads the
+    /// row then, and now and then in case it expired while waiting.
+    /// Meanwhile `events` (when given) gets what the waiting client should
+    /// see: the task's progress (T-32), its status changes (T-31), and the
+    /// requests it has pending for the client while input_required (T-26),
+    /// each request once per wait.
     pub async fn tasks_result_wait(
         &self,
         owner: &str,
         task_id: &str,
+        pending: PendingResult,
         events: Option<mpsc::UnboundedSender<WaitEvent>>,
     ) -> Result<TaskResult, BrokerError> {
-        let mut feed = self.feed.subscribe();
+        let PendingResult { mut feed, row } = pending;
+        let mut row = Some(*row);
         let mut delivered: HashSet<String> = HashSet::new();
         let mut last_status: Option<TaskStatus> = None;
         loop {
-            let row = self.visible_row(owner, task_id).await?;
+            let row = match row.take() {
+                Some(row) => row,
+                None => self.visible_row(owner, task_id).await?,
+            };
             let task = task_from_row(&row);
             if let Some(tx) = &events {
                 if last_status.is_some_and(|s| s != task.status) {
@@ -468,7 +515,11 @@ impl Broker {
                                     let _ = tx.send(WaitEvent::Progress(p.clone()));
                                 }
                             }
-                            FeedEvent::Status(_) => break,
+                            // Its creation, seen late: nothing new to read.
+                            FeedEvent::Status(s)
+                                if s.from_status.is_none()
+                                    && task.status == TaskStatus::Working => {}
+                            FeedEvent::Status(_) | FeedEvent::Written(_) => break,
                         },
                         Err(broadcast::error::RecvError::Lagged(_)) => break,
                         Err(broadcast::error::RecvError::Closed) => {

@@ -37,8 +37,18 @@ impl Writer {
                     }
                 }
                 let n = batch.len();
+                let finished: Vec<String> = batch
+                    .iter()
+                    .filter_map(|op| match op {
+                        WriteOp::Complete { task_id, .. } => Some(task_id.clone()),
+                        WriteOp::Create { .. } => None,
+                    })
+                    .collect();
                 store.write_batch(batch, now_ms()).await;
                 tracing::trace!(writes = n, "group commit");
+                for task_id in &finished {
+                    feed.written(task_id);
+                }
                 feed.kick();
             }
         });
@@ -69,6 +79,7 @@ impl Writer {
     pub async fn complete(
         &self,
         task_seq: i64,
+        task_id: &str,
         lease_token: &str,
         outcome: TaskOutcome,
     ) -> Result<bool, StoreError> {
@@ -76,6 +87,7 @@ impl Writer {
         self.ops
             .send(WriteOp::Complete {
                 task_seq,
+                task_id: task_id.to_owned(),
                 lease_token: lease_token.to_owned(),
                 outcome,
                 reply,

@@ -4,12 +4,16 @@
 //! checked against its stored SHA-256 in constant time. Only hashes are
 //! stored. With any token in the database, every request needs a valid one.
 
+use std::sync::Mutex;
+use std::time::{Duration, Instant};
+
 use axum::http::{HeaderMap, Uri, header};
 use base64::Engine;
 use base64::engine::general_purpose::URL_SAFE_NO_PAD;
 use sha2::{Digest, Sha256};
 use subtle::ConstantTimeEq;
 
+use super::transport::SESSION_HEADER;
 use crate::clock::now_ms;
 use crate::store::{Store, StoreError};
 
@@ -73,9 +77,41 @@ pub fn check_query(uri: &Uri) -> Result<(), AuthError> {
     }
 }
 
+/// How long a request on an open session may trust the last look at
+/// whether tokens exist.
+const PRESENCE_FRESH: Duration = Duration::from_millis(20);
+
+/// Whether any token exists, as last read. A request that opens a session
+/// (no `Mcp-Session-Id`) always reads it afresh, so once `token create`
+/// returns no new session opens without a token. Requests on sessions
+/// opened before reuse a look up to [`PRESENCE_FRESH`] old: without this,
+/// every unauthenticated request cost a query.
+#[derive(Debug, Default)]
+pub struct TokenPresence {
+    last: Mutex<Option<(Instant, bool)>>,
+}
+
+impl TokenPresence {
+    async fn tokens_exist(&self, store: &Store, on_session: bool) -> Result<bool, StoreError> {
+        if on_session {
+            let last = *self.last.lock().unwrap_or_else(|e| e.into_inner());
+            if let Some((at, exist)) = last
+                && at.elapsed() < PRESENCE_FRESH
+            {
+                return Ok(exist);
+            }
+        }
+        let at = Instant::now();
+        let exist = store.tokens_exist().await?;
+        *self.last.lock().unwrap_or_else(|e| e.into_inner()) = Some((at, exist));
+        Ok(exist)
+    }
+}
+
 /// The request's principal: None when no token is configured and none is
 /// sent; an error when one is needed and missing or not valid.
 pub async fn authenticate(
+    presence: &TokenPresence,
     store: &Store,
     headers: &HeaderMap,
 ) -> Result<Option<Principal>, AuthError> {
@@ -84,7 +120,8 @@ pub async fn authenticate(
         .map(|v| v.to_str().map_err(|_| AuthError::Invalid))
         .transpose()?;
     let Some(value) = presented else {
-        return if store.tokens_exist().await? {
+        let on_session = headers.contains_key(SESSION_HEADER);
+        return if presence.tokens_exist(store, on_session).await? {
             Err(AuthError::Missing)
         } else {
             Ok(None)

@@ -10,7 +10,7 @@ use tokio::sync::mpsc;
 
 use super::sessions::Session;
 use super::{AppState, calls};
-use crate::broker::{Task, TaskResult, WaitEvent};
+use crate::broker::{ResultLook, Task, TaskResult, WaitEvent};
 use crate::mcp::{
     self, CallToolParams, ErrorCode, PaginatedParams, RequestId, RpcError, TaskIdParams,
     parse_params,
@@ -262,9 +262,9 @@ async fn tasks_result(state: &AppState, session: &Arc<Session>, params: Option<&
         Err(e) => return Reply::err(e),
     };
     let owner = session.owner();
-    match state.broker.tasks_result_now(&owner, &p.task_id).await {
-        Ok(TaskResult::Pending) => {}
-        Ok(done) => {
+    let pending = match state.broker.tasks_result_start(&owner, &p.task_id).await {
+        Ok(ResultLook::Pending(pending)) => pending,
+        Ok(ResultLook::Ready(done)) => {
             state
                 .audit
                 .record("task.result", session, &p.task_id, "terminal");
@@ -274,7 +274,7 @@ async fn tasks_result(state: &AppState, session: &Arc<Session>, params: Option<&
             refused(state, session, "task.result", &p.task_id, &e);
             return Reply::err(e.to_rpc("retrieve"));
         }
-    }
+    };
     state
         .audit
         .record("task.result", session, &p.task_id, "waiting");
@@ -282,23 +282,22 @@ async fn tasks_result(state: &AppState, session: &Arc<Session>, params: Option<&
     // keep-alives when the client accepts it, and with what the task has for
     // the client meanwhile: progress under its original token (T-32), status
     // notifications (T-31), and its pending requests (T-26).
-    let token = match state.broker.tasks_get(&owner, &p.task_id).await {
-        Ok(task) => task.progress_token,
-        Err(e) => return Reply::err(e.to_rpc("retrieve")),
-    };
+    let token = pending.task().progress_token;
     let (items_tx, items) = mpsc::unbounded_channel();
     let (events_tx, mut events) = mpsc::unbounded_channel::<WaitEvent>();
     let broker = state.broker.clone();
     // While this stream waits, the task's status changes go here only.
     let watch = state.session_streams.watch(&p.task_id);
     let outcome = async move {
-        let _watch = watch;
         let forward = |event: WaitEvent| {
+            if let WaitEvent::Status(task) = &event {
+                watch.sent_status(task.status.as_str());
+            }
             if let Some(message) = wait_message(event, token.as_ref()) {
                 let _ = items_tx.send(StreamItem::Message(message));
             }
         };
-        let wait = broker.tasks_result_wait(&owner, &p.task_id, Some(events_tx));
+        let wait = broker.tasks_result_wait(&owner, &p.task_id, pending, Some(events_tx));
         tokio::pin!(wait);
         let done = loop {
             tokio::select! {

@@ -87,6 +87,8 @@ pub struct AppState {
     pub open_streams: Arc<StreamCounter>,
     /// The audit trail.
     pub audit: Arc<Audit>,
+    /// Whether tokens exist, as last read.
+    pub token_presence: Arc<auth::TokenPresence>,
     /// HTTP settings.
     pub config: Arc<ServerConfig>,
     /// Where we listen (for origin checks).

@@ -9,6 +9,7 @@
 
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex, MutexGuard};
+use std::time::{Duration, Instant};
 
 use serde_json::Value;
 use tokio::sync::{broadcast, mpsc};
@@ -31,13 +32,29 @@ pub struct SessionStreams {
     streams: Mutex<HashMap<String, Vec<Listener>>>,
     /// Tasks with a tasks/result stream open now, and how many.
     watched: Mutex<HashMap<String, usize>>,
+    /// Status changes a tasks/result stream already delivered, though the
+    /// feed has not brought them yet (the stream looked at the row as soon
+    /// as this process wrote it): (task, status) -> when.
+    delivered: Mutex<HashMap<(String, String), Instant>>,
 }
+
+/// How long a delivered status waits for its feed event.
+const DELIVERED_KEEP: Duration = Duration::from_secs(60);
 
 /// Marks a task as watched by a tasks/result stream while it lives.
 #[derive(Debug)]
 pub struct Watch {
     streams: Arc<SessionStreams>,
     task_id: String,
+    /// The last status notification that stream sent.
+    sent: Mutex<Option<String>>,
+}
+
+impl Watch {
+    /// The stream sent a status notification of the task with `status`.
+    pub fn sent_status(&self, status: &str) {
+        *self.sent.lock().unwrap_or_else(|p| p.into_inner()) = Some(status.to_owned());
+    }
 }
 
 impl Drop for Watch {
@@ -52,6 +69,17 @@ impl Drop for Watch {
             if *n == 0 {
                 watched.remove(&self.task_id);
             }
+        }
+        drop(watched);
+        let sent = self.sent.lock().unwrap_or_else(|p| p.into_inner()).take();
+        if let Some(status) = sent {
+            let mut delivered = self
+                .streams
+                .delivered
+                .lock()
+                .unwrap_or_else(|p| p.into_inner());
+            delivered.retain(|_, at| at.elapsed() < DELIVERED_KEEP);
+            delivered.insert((self.task_id.clone(), status), Instant::now());
         }
     }
 }
@@ -80,14 +108,28 @@ impl SessionStreams {
         Watch {
             streams: self.clone(),
             task_id: task_id.to_owned(),
+            sent: Mutex::new(None),
         }
     }
 
-    fn is_watched(&self, task_id: &str) -> bool {
-        self.watched
+    /// Whether a tasks/result stream has (or had, ahead of the feed) the
+    /// change of `task_id` to `status`.
+    fn is_watched(&self, task_id: &str, status: &str) -> bool {
+        if self
+            .watched
             .lock()
             .unwrap_or_else(|p| p.into_inner())
             .contains_key(task_id)
+        {
+            return true;
+        }
+        let mut delivered = self.delivered.lock().unwrap_or_else(|p| p.into_inner());
+        if delivered.is_empty() {
+            return false;
+        }
+        delivered
+            .remove(&(task_id.to_owned(), status.to_owned()))
+            .is_some()
     }
 
     fn has(&self, owner: &str) -> bool {
@@ -147,7 +189,8 @@ pub fn spawn_status_notifier(
             let FeedEvent::Status(change) = event.as_ref() else {
                 continue;
             };
-            if !streams.has(&change.owner) || streams.is_watched(&change.task_id) {
+            if streams.is_watched(&change.task_id, &change.to_status) || !streams.has(&change.owner)
+            {
                 continue;
             }
             streams.send(

@@ -64,7 +64,13 @@ pub async fn mcp(State(state): State<AppState>, request: Request) -> Response {
     if let Err(e) = auth::check_query(&parts.uri) {
         return http_error(StatusCode::BAD_REQUEST, -32000, &e.to_string());
     }
-    let principal = match auth::authenticate(state.broker.store(), &parts.headers).await {
+    let principal = match auth::authenticate(
+        &state.token_presence,
+        state.broker.store(),
+        &parts.headers,
+    )
+    .await
+    {
         Ok(p) => p,
         Err(AuthError::Store(e)) => {
             tracing::error!(error = %e, "token check failed");

@@ -20,6 +20,8 @@ pub struct ClaimedJob {
     pub attempt: i64,
     /// Attempts allowed before the task fails.
     pub max_attempts: i64,
+    /// Lower runs first.
+    pub priority: i64,
     /// Fences every later write of this run.
     pub lease_token: String,
 }
@@ -44,8 +46,9 @@ pub struct RescueReport {
 
 impl Store {
     /// Claim up to `limit` runnable jobs for `worker`, by priority then age,
-    /// in one `BEGIN IMMEDIATE` transaction. All jobs of one claim share the
-    /// fresh `lease_token`.
+    /// in one statement (its own transaction). All jobs of one claim share
+    /// the fresh `lease_token`. A new attempt abandons what an earlier one
+    /// asked the client (trigger `jobs_new_attempt`).
     pub async fn job_claim_available(
         &self,
         worker: &str,
@@ -54,58 +57,30 @@ impl Store {
         lease_ms: i64,
         now: i64,
     ) -> Result<Vec<ClaimedJob>, StoreError> {
-        let mut tx = self.write.begin_with(BEGIN_IMMEDIATE).await?;
         let lease_expires_at = now + lease_ms;
-        let claimed = sqlx::query!(
-            "UPDATE jobs SET state = 'running', attempt = attempt + 1, lease_owner = ?,
-                    lease_token = ?, lease_expires_at = ?
-              WHERE task_seq IN (SELECT task_seq FROM jobs
-                                  WHERE state = 'queued' AND run_after <= ?
-                                  ORDER BY priority, task_seq LIMIT ?)",
+        let mut jobs = sqlx::query_as!(
+            ClaimedJob,
+            r#"UPDATE jobs SET state = 'running', attempt = attempt + 1, lease_owner = ?1,
+                      lease_token = ?2, lease_expires_at = ?3
+                WHERE task_seq IN (SELECT task_seq FROM jobs
+                                    WHERE state = 'queued' AND run_after <= ?4
+                                    ORDER BY priority, task_seq LIMIT ?5)
+               RETURNING task_seq AS "task_seq!",
+                         (SELECT task_id FROM tasks WHERE seq = task_seq) AS "task_id!: String",
+                         (SELECT tool FROM tasks WHERE seq = task_seq) AS "tool!: String",
+                         (SELECT arguments FROM tasks WHERE seq = task_seq) AS "arguments!: String",
+                         (SELECT progress_token FROM tasks WHERE seq = task_seq) AS "progress_token?: String",
+                         attempt AS "attempt!", max_attempts AS "max_attempts!", priority AS "priority!",
+                         lease_token AS "lease_token!: String""#,
             worker,
             lease_token,
             lease_expires_at,
             now,
             limit
         )
-        .execute(&mut *tx)
+        .fetch_all(&self.write)
         .await?;
-        if claimed.rows_affected() == 0 {
-            tx.rollback().await?;
-            return Ok(Vec::new());
-        }
-        // A new attempt starts afresh: what an earlier attempt asked the
-        // client is abandoned, and the task is working again.
-        sqlx::query!(
-            "UPDATE task_messages SET state = 'abandoned'
-              WHERE state = 'pending'
-                AND task_seq IN (SELECT task_seq FROM jobs WHERE lease_token = ? AND state = 'running')",
-            lease_token
-        )
-        .execute(&mut *tx)
-        .await?;
-        sqlx::query!(
-            "UPDATE tasks SET status = 'working', status_message = 'running again (attempt ' ||
-                    (SELECT attempt FROM jobs WHERE task_seq = tasks.seq) || ')', updated_at = MAX(updated_at, ?)
-              WHERE status = 'input_required'
-                AND seq IN (SELECT task_seq FROM jobs WHERE lease_token = ? AND state = 'running')",
-            now,
-            lease_token
-        )
-        .execute(&mut *tx)
-        .await?;
-        let jobs = sqlx::query_as!(
-            ClaimedJob,
-            r#"SELECT j.task_seq AS "task_seq!", t.task_id, t.tool, t.arguments, t.progress_token,
-                      j.attempt, j.max_attempts, j.lease_token AS "lease_token!"
-                 FROM jobs j JOIN tasks t ON t.seq = j.task_seq
-                WHERE j.lease_token = ? AND j.state = 'running'
-                ORDER BY j.priority, j.task_seq"#,
-            lease_token
-        )
-        .fetch_all(&mut *tx)
-        .await?;
-        tx.commit().await?;
+        jobs.sort_by_key(|j| (j.priority, j.task_seq));
         Ok(jobs)
     }
 

@@ -113,6 +113,8 @@ pub struct TaskEvent {
     pub id: i64,
     /// The task that changed.
     pub task_id: String,
+    /// Its status before (`None`: the task was created).
+    pub from_status: Option<String>,
     /// Its new status.
     pub to_status: String,
     /// Who owns the task.
@@ -373,7 +375,7 @@ impl Store {
     ) -> Result<Vec<TaskEvent>, StoreError> {
         let rows = sqlx::query_as!(
             TaskEvent,
-            r#"SELECT e.id AS "id!", e.task_id, e.to_status, t.owner, e.message, e.at,
+            r#"SELECT e.id AS "id!", e.task_id, e.from_status, e.to_status, t.owner, e.message, e.at,
                       t.created_at, t.ttl_ms, t.poll_interval_ms
                  FROM task_events e JOIN tasks t ON t.seq = e.task_seq
                 WHERE e.id > ? ORDER BY e.id LIMIT ?"#,
@@ -395,7 +397,7 @@ impl Store {
     ) -> Result<Vec<TaskEvent>, StoreError> {
         let rows = sqlx::query_as!(
             TaskEvent,
-            r#"SELECT e.id AS "id!", e.task_id, e.to_status, t.owner, e.message, e.at,
+            r#"SELECT e.id AS "id!", e.task_id, e.from_status, e.to_status, t.owner, e.message, e.at,
                       t.created_at, t.ttl_ms, t.poll_interval_ms
                  FROM task_events e JOIN tasks t ON t.seq = e.task_seq
                 WHERE t.owner = ? AND e.id > ? ORDER BY e.id LIMIT ?"#,

@@ -118,8 +118,31 @@ impl WorkerPool {
         let release = CancellationToken::new();
         let mut jobs = tokio::task::JoinSet::new();
         let mut idle = IDLE_MIN;
+        // Whether the queue may hold more than the last claim took; when it
+        // does not, wait for word of a new job before claiming again.
+        let mut drained = false;
+        // Whether that word is certain (a job queued by this process), so
+        // the claim need not look first.
+        let mut certain = true;
+        // Tasks created by other processes come through the change feed; an
+        // embedded pool hears of its server's own at once (`job_queued`), so
+        // it leaves the feed alone (another server on the same file would be
+        // found within `idle_max`).
+        let mut created = self.feed.tasks_created();
+        let feed_wakes = self.config.kind != "embedded";
         loop {
             while jobs.try_join_next().is_some() {}
+            if drained {
+                tokio::select! {
+                    _ = shutdown.cancelled() => break,
+                    _ = self.job_queued.notified() => { idle = IDLE_MIN; certain = true; }
+                    Ok(()) = created.changed(), if feed_wakes => { idle = IDLE_MIN; certain = false; }
+                    _ = tokio::time::sleep(idle) => {
+                        idle = (idle * 2).min(self.config.idle_max);
+                        certain = false;
+                    }
+                }
+            }
             let first = tokio::select! {
                 _ = shutdown.cancelled() => break,
                 permit = slots.clone().acquire_owned() => match permit {
@@ -127,15 +150,13 @@ impl WorkerPool {
                     Err(_) => break,
                 },
             };
-            let claimed = self.claim(1 + slots.available_permits()).await;
+            created.borrow_and_update();
+            let want = 1 + slots.available_permits();
+            let claimed = self.claim(want, certain).await;
+            drained = claimed.len() < want;
+            certain = true;
             if claimed.is_empty() {
                 drop(first);
-                tokio::select! {
-                    _ = shutdown.cancelled() => break,
-                    _ = self.job_queued.notified() => idle = IDLE_MIN,
-                    _ = self.feed.changed() => idle = IDLE_MIN,
-                    _ = tokio::time::sleep(idle) => idle = (idle * 2).min(self.config.idle_max),
-                }
                 continue;
             }
             idle = IDLE_MIN;
@@ -169,13 +190,16 @@ impl WorkerPool {
         tracing::info!(worker = %self.worker_id, "worker pool stopped");
     }
 
-    /// Claim up to `n` jobs, after a cheap read says there are any.
-    async fn claim(&self, n: usize) -> Vec<ClaimedJob> {
+    /// Claim up to `n` jobs. Unless jobs are `likely` there, a cheap read
+    /// (no write lock) looks first.
+    async fn claim(&self, n: usize, likely: bool) -> Vec<ClaimedJob> {
         let now = now_ms();
-        match self.store.job_any_runnable(now).await {
-            Ok(false) => return Vec::new(),
-            Ok(true) => {}
-            Err(e) => tracing::warn!(error = %e, "queue check failed"),
+        if !likely {
+            match self.store.job_any_runnable(now).await {
+                Ok(false) => return Vec::new(),
+                Ok(true) => {}
+                Err(e) => tracing::warn!(error = %e, "queue check failed"),
+            }
         }
         let token = uuid::Uuid::new_v4().to_string();
         match self
@@ -495,7 +519,7 @@ impl WorkerPool {
         for attempt in 0..5u32 {
             match self
                 .writer
-                .complete(job.task_seq, &job.lease_token, record.clone())
+                .complete(job.task_seq, &job.task_id, &job.lease_token, record.clone())
                 .await
             {
                 Ok(took) => {
