@@ -494,3 +494,22 @@ async fn claim_query_uses_the_partial_index_on_queued_jobs() {
         "no sort: {text:?}"
     );
 }
+
+/// Worker processes and the server wake each other through `<db>-wake`
+/// (T-31 latency; see README "Operations"): the file sits beside the
+/// database, and however many commits poke it, it stays one byte.
+#[tokio::test]
+async fn wake_file_beside_the_database_stays_one_byte() {
+    let server = Server::start(&["--workers", "0"]);
+    let _w = WorkerProc::start(&server, 0, &[]);
+    let mut c = server.client().await;
+    for _ in 0..20 {
+        let task_id = id(&c.call_task("sleep", json!({"seconds": 0})).await);
+        let result = c.ok("tasks/result", json!({"taskId": task_id})).await;
+        assert_eq!(result["content"][0]["text"], "slept 0 s", "{result}");
+    }
+    let mut wake = server.db().into_os_string();
+    wake.push("-wake");
+    let meta = std::fs::metadata(&wake).unwrap();
+    assert_eq!(meta.len(), 1, "the wake file never grows");
+}

@@ -6,12 +6,13 @@
 //! data_version` says another connection committed (any process), or at once
 //! when this process kicks it after a write of its own.
 
-use std::sync::Arc;
+use std::sync::{Arc, OnceLock};
 use std::time::Duration;
 
 use tokio::sync::{Notify, broadcast, watch};
 use tokio_util::sync::CancellationToken;
 
+use super::wake::WakeFile;
 use crate::store::{ProgressEvent, Store, TaskEvent};
 
 /// One change the feed reports.
@@ -49,6 +50,8 @@ const IDLE_STEPS: u32 = 40;
 pub struct Feed {
     events: broadcast::Sender<Arc<FeedEvent>>,
     kick: Arc<Notify>,
+    /// Poked after this process commits; watched for other processes' pokes.
+    wake: Arc<OnceLock<WakeFile>>,
     /// Counts the batches of new tasks the tailer saw (any process): a job
     /// may be waiting for a worker.
     created: watch::Sender<u64>,
@@ -61,6 +64,7 @@ impl Feed {
         Self {
             events,
             kick: Arc::new(Notify::new()),
+            wake: Arc::new(OnceLock::new()),
             created: watch::Sender::new(0),
         }
     }
@@ -76,9 +80,13 @@ impl Feed {
         self.created.subscribe()
     }
 
-    /// Tell the tailer this process just committed a change.
+    /// Tell the tailer this process just committed a change, and the other
+    /// processes on the database through the wake file.
     pub fn kick(&self) {
         self.kick.notify_one();
+        if let Some(wake) = self.wake.get() {
+            wake.poke();
+        }
     }
 
     /// Tell this process's waiters that the status of `task_id` was just
@@ -98,6 +106,20 @@ impl Feed {
         shutdown: CancellationToken,
     ) -> Result<tokio::task::JoinHandle<()>, crate::store::StoreError> {
         let mut conn = store.dedicated_reader().await?;
+        // Other processes' commits: at once through the wake file where it
+        // can be watched, else at the next tick.
+        let remote = Arc::new(Notify::new());
+        match WakeFile::open(store.path()) {
+            Ok(wake) => {
+                if let Err(e) = wake.watch(remote.clone(), shutdown.clone()) {
+                    tracing::info!(error = %e, "no wake file watch: other processes' commits are seen at the feed tick");
+                }
+                let _ = self.wake.set(wake);
+            }
+            Err(e) => {
+                tracing::warn!(error = %e, "no wake file: other processes' commits are seen at the feed tick");
+            }
+        }
         let mut last_id = store.task_events_head().await?;
         let mut last_progress = store.task_progress_head().await?;
         let mut version = store.data_version(&mut conn).await?;
@@ -109,6 +131,7 @@ impl Feed {
                 let kicked = tokio::select! {
                     _ = shutdown.cancelled() => return,
                     _ = feed.kick.notified() => true,
+                    _ = remote.notified() => false,
                     _ = tokio::time::sleep(wait) => false,
                 };
                 match store.data_version(&mut conn).await {

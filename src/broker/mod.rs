@@ -7,6 +7,7 @@ mod feed;
 pub mod maintenance;
 mod open_tasks;
 mod status;
+mod wake;
 mod writer;
 
 use std::collections::HashSet;

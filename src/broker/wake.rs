@@ -1,0 +1,109 @@
+//! Wake-ups across processes. After each commit a process pokes the file
+//! `<db>-wake` beside the database (a one-byte write at offset 0: no fsync,
+//! the file never grows), and every process on the same database watches it
+//! with inotify, so its change-feed tailer reads the new rows at once
+//! instead of at its next tick. The poke comes after the commit, so what it
+//! announces is visible when the watcher looks.
+//!
+//! Where inotify is missing (other systems) or the watch cannot be set, the
+//! tailer's tick alone finds other processes' commits, as it does for any
+//! writer that does not poke (a sqlite3 shell).
+
+use std::fs::{File, OpenOptions};
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+
+use tokio::sync::Notify;
+use tokio_util::sync::CancellationToken;
+
+/// The wake file of one database.
+#[derive(Debug)]
+pub struct WakeFile {
+    file: File,
+    path: PathBuf,
+}
+
+impl WakeFile {
+    /// Open (or create) the wake file of the database at `db`.
+    pub fn open(db: &Path) -> std::io::Result<Self> {
+        let mut name = db.as_os_str().to_owned();
+        name.push("-wake");
+        let path = PathBuf::from(name);
+        let file = OpenOptions::new()
+            .create(true)
+            .truncate(false)
+            .write(true)
+            .open(&path)?;
+        Ok(Self { file, path })
+    }
+
+    /// Tell the other processes that this one just committed.
+    pub fn poke(&self) {
+        use std::os::unix::fs::FileExt;
+        if let Err(e) = self.file.write_at(b"w", 0) {
+            tracing::debug!(error = %e, path = %self.path.display(), "wake file poke failed");
+        }
+    }
+
+    /// Notify `wake` whenever any process pokes the file, until `shutdown`.
+    #[cfg(target_os = "linux")]
+    pub fn watch(
+        &self,
+        wake: Arc<Notify>,
+        shutdown: CancellationToken,
+    ) -> std::io::Result<tokio::task::JoinHandle<()>> {
+        use nix::sys::inotify::{AddWatchFlags, InitFlags, Inotify};
+        use tokio::io::unix::AsyncFd;
+
+        let inotify = Inotify::init(InitFlags::IN_NONBLOCK | InitFlags::IN_CLOEXEC)?;
+        inotify.add_watch(&self.path, AddWatchFlags::IN_MODIFY)?;
+        // `AsyncFd::new` is deprecated for fds that might be closed while
+        // registered; `Watched` owns its fd for the AsyncFd's whole life.
+        #[allow(deprecated)]
+        let fd = AsyncFd::new(Watched(inotify))?;
+        Ok(tokio::spawn(async move {
+            loop {
+                let mut ready = tokio::select! {
+                    _ = shutdown.cancelled() => return,
+                    ready = fd.readable() => match ready {
+                        Ok(r) => r,
+                        Err(e) => {
+                            tracing::warn!(error = %e, "wake file watch failed; the feed tick goes on");
+                            return;
+                        }
+                    },
+                };
+                match ready.get_inner().0.read_events() {
+                    Ok(_) => wake.notify_one(),
+                    Err(nix::errno::Errno::EAGAIN) => ready.clear_ready(),
+                    Err(e) => {
+                        tracing::warn!(error = %e, "wake file watch failed; the feed tick goes on");
+                        return;
+                    }
+                }
+            }
+        }))
+    }
+
+    /// No inotify here: the feed tick alone.
+    #[cfg(not(target_os = "linux"))]
+    pub fn watch(
+        &self,
+        _wake: Arc<Notify>,
+        _shutdown: CancellationToken,
+    ) -> std::io::Result<tokio::task::JoinHandle<()>> {
+        Err(std::io::Error::from(std::io::ErrorKind::Unsupported))
+    }
+}
+
+/// An inotify instance as tokio's readiness wants it.
+#[cfg(target_os = "linux")]
+struct Watched(nix::sys::inotify::Inotify);
+
+#[cfg(target_os = "linux")]
+impl std::os::fd::AsRawFd for Watched {
+    fn as_raw_fd(&self) -> std::os::fd::RawFd {
+        use std::os::fd::AsFd;
+        self.0.as_fd().as_raw_fd()
+    }
+}
