@@ -6,10 +6,12 @@
 //! data_version` says another connection committed (any process), or at once
 //! when this process kicks it after a write of its own.
 
-use std::sync::{Arc, OnceLock};
+use std::collections::HashMap;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex, OnceLock};
 use std::time::Duration;
 
-use tokio::sync::{Notify, broadcast, watch};
+use tokio::sync::{Notify, broadcast, mpsc, watch};
 use tokio_util::sync::CancellationToken;
 
 use super::wake::WakeFile;
@@ -45,10 +47,18 @@ const BATCH: i64 = 1000;
 /// add one tick to the wait, up to 5 ticks).
 const IDLE_STEPS: u32 = 40;
 
-/// Handle to the feed: subscribe to events, or kick the tailer.
+/// Who watches one task's events: (watch id, where they go).
+type TaskWatchers = HashMap<Arc<str>, Vec<(u64, mpsc::UnboundedSender<Arc<FeedEvent>>)>>;
+
+/// Handle to the feed: subscribe to all events or to one task's, or kick
+/// the tailer.
 #[derive(Debug, Clone)]
 pub struct Feed {
     events: broadcast::Sender<Arc<FeedEvent>>,
+    /// One task's events go only to its watchers (waiting tasks/result
+    /// calls, running jobs): an event wakes those, not every waiter.
+    watchers: Arc<Mutex<TaskWatchers>>,
+    next_watch: Arc<AtomicU64>,
     kick: Arc<Notify>,
     /// Poked after this process commits; watched for other processes' pokes.
     wake: Arc<OnceLock<WakeFile>>,
@@ -63,6 +73,8 @@ impl Feed {
         let (events, _) = broadcast::channel(4096);
         Self {
             events,
+            watchers: Arc::default(),
+            next_watch: Arc::default(),
             kick: Arc::new(Notify::new()),
             wake: Arc::new(OnceLock::new()),
             created: watch::Sender::new(0),
@@ -72,6 +84,39 @@ impl Feed {
     /// Receive every event from now on.
     pub fn subscribe(&self) -> broadcast::Receiver<Arc<FeedEvent>> {
         self.events.subscribe()
+    }
+
+    /// Receive the events of `task_id` from now on, until the watch drops.
+    pub fn watch_task(&self, task_id: &str) -> TaskWatch {
+        let (tx, rx) = mpsc::unbounded_channel();
+        let id = self.next_watch.fetch_add(1, Ordering::Relaxed);
+        let task_id: Arc<str> = Arc::from(task_id);
+        self.lock_watchers()
+            .entry(task_id.clone())
+            .or_default()
+            .push((id, tx));
+        TaskWatch {
+            rx,
+            id,
+            task_id,
+            watchers: self.watchers.clone(),
+        }
+    }
+
+    fn lock_watchers(&self) -> std::sync::MutexGuard<'_, TaskWatchers> {
+        self.watchers.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    /// Send `event` to every subscriber and to its task's watchers.
+    fn publish(&self, event: FeedEvent) {
+        let event = Arc::new(event);
+        if let Some(watchers) = self.lock_watchers().get(event.task_id()) {
+            for (_, tx) in watchers {
+                let _ = tx.send(event.clone());
+            }
+        }
+        // No receivers is fine: nobody waits.
+        let _ = self.events.send(event);
     }
 
     /// Watch tasks being created (any process): `changed()` resolves once
@@ -92,9 +137,7 @@ impl Feed {
     /// Tell this process's waiters that the status of `task_id` was just
     /// committed here, and kick the tailer.
     pub fn written(&self, task_id: &str) {
-        let _ = self
-            .events
-            .send(Arc::new(FeedEvent::Written(Arc::from(task_id))));
+        self.publish(FeedEvent::Written(Arc::from(task_id)));
         self.kick();
     }
 
@@ -160,8 +203,7 @@ impl Feed {
                             let n = rows.len();
                             for row in rows {
                                 last_progress = row.id;
-                                // No receivers is fine: nobody waits.
-                                let _ = feed.events.send(Arc::new(FeedEvent::Progress(row)));
+                                feed.publish(FeedEvent::Progress(row));
                             }
                             if (n as i64) < BATCH {
                                 break;
@@ -182,7 +224,7 @@ impl Feed {
                             }
                             for row in rows {
                                 last_id = row.id;
-                                let _ = feed.events.send(Arc::new(FeedEvent::Status(row)));
+                                feed.publish(FeedEvent::Status(row));
                             }
                             if (n as i64) < BATCH {
                                 break;
@@ -196,6 +238,34 @@ impl Feed {
                 }
             }
         }))
+    }
+}
+
+/// The events of one task (see [`Feed::watch_task`]).
+#[derive(Debug)]
+pub struct TaskWatch {
+    rx: mpsc::UnboundedReceiver<Arc<FeedEvent>>,
+    id: u64,
+    task_id: Arc<str>,
+    watchers: Arc<Mutex<TaskWatchers>>,
+}
+
+impl TaskWatch {
+    /// The next event of the task.
+    pub async fn recv(&mut self) -> Option<Arc<FeedEvent>> {
+        self.rx.recv().await
+    }
+}
+
+impl Drop for TaskWatch {
+    fn drop(&mut self) {
+        let mut watchers = self.watchers.lock().unwrap_or_else(|p| p.into_inner());
+        if let Some(list) = watchers.get_mut(&self.task_id) {
+            list.retain(|(id, _)| *id != self.id);
+            if list.is_empty() {
+                watchers.remove(&self.task_id);
+            }
+        }
     }
 }
 

@@ -15,7 +15,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use serde_json::{Map, Value};
-use tokio::sync::{Notify, broadcast, mpsc};
+use tokio::sync::{Notify, mpsc};
 
 use crate::clock::now_ms;
 use crate::mcp::{ErrorCode, RpcError};
@@ -26,7 +26,7 @@ use crate::store::{
 use crate::tools::{Registry, TaskSupport, Tool, ToolOutcome};
 use open_tasks::OpenTasks;
 
-pub use feed::{Feed, FeedEvent};
+pub use feed::{Feed, FeedEvent, TaskWatch};
 pub use status::TaskStatus;
 pub use writer::Writer;
 
@@ -197,7 +197,7 @@ pub enum ResultLook {
 /// subscribed before that read.
 #[derive(Debug)]
 pub struct PendingResult {
-    feed: broadcast::Receiver<Arc<FeedEvent>>,
+    feed: TaskWatch,
     row: Box<TaskRow>,
 }
 
@@ -451,7 +451,7 @@ impl Broker {
         owner: &str,
         task_id: &str,
     ) -> Result<ResultLook, BrokerError> {
-        let feed = self.feed.subscribe();
+        let feed = self.feed.watch_task(task_id);
         let row = self.visible_row(owner, task_id).await?;
         Ok(match result_of(&row) {
             TaskResult::Pending => ResultLook::Pending(PendingResult {
@@ -463,8 +463,9 @@ impl Broker {
     }
 
     /// tasks/result: wait until the task is terminal (T-14), then its outcome.
-    /// Woken by the change feed (a status change of the task); re-reads the
-    /// row then, and now and then in case it expired while waiting.
+    /// Woken by the change feed (a status change of this task only); re-reads
+    /// the row then, and when its ttl runs out. No query while nothing
+    /// happens, however many wait.
     /// Meanwhile `events` (when given) gets what the waiting client should
     /// see: the task's progress (T-32), its status changes (T-31), and the
     /// requests it has pending for the client while input_required (T-26),
@@ -503,29 +504,31 @@ impl Broker {
                 TaskResult::Pending => {}
                 done => return Ok(done),
             }
-            let deadline = tokio::time::sleep(Duration::from_secs(5));
-            tokio::pin!(deadline);
+            // The ttl is fixed at creation: the row changes by expiring only then.
+            let expires_in = row
+                .expires_at
+                .map(|at| Duration::from_millis(at.saturating_sub(now_ms()).max(0) as u64 + 1));
+            let expiry = async {
+                match expires_in {
+                    Some(d) => tokio::time::sleep(d).await,
+                    None => std::future::pending().await,
+                }
+            };
+            tokio::pin!(expiry);
             loop {
                 tokio::select! {
-                    _ = &mut deadline => break,
-                    event = feed.recv() => match event {
-                        Ok(e) if e.task_id() != task_id => continue,
-                        Ok(e) => match e.as_ref() {
-                            FeedEvent::Progress(p) => {
-                                if let Some(tx) = &events {
-                                    let _ = tx.send(WaitEvent::Progress(p.clone()));
-                                }
+                    _ = &mut expiry => break,
+                    event = feed.recv() => match event.as_deref() {
+                        Some(FeedEvent::Progress(p)) => {
+                            if let Some(tx) = &events {
+                                let _ = tx.send(WaitEvent::Progress(p.clone()));
                             }
-                            // Its creation, seen late: nothing new to read.
-                            FeedEvent::Status(s)
-                                if s.from_status.is_none()
-                                    && task.status == TaskStatus::Working => {}
-                            FeedEvent::Status(_) | FeedEvent::Written(_) => break,
-                        },
-                        Err(broadcast::error::RecvError::Lagged(_)) => break,
-                        Err(broadcast::error::RecvError::Closed) => {
-                            return Err(BrokerError::ShuttingDown);
                         }
+                        // Its creation, seen late: nothing new to read.
+                        Some(FeedEvent::Status(s))
+                            if s.from_status.is_none() && task.status == TaskStatus::Working => {}
+                        Some(FeedEvent::Status(_) | FeedEvent::Written(_)) => break,
+                        None => return Err(BrokerError::ShuttingDown),
                     },
                 }
             }

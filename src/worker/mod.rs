@@ -277,7 +277,7 @@ impl WorkerPool {
         heartbeat.tick().await;
         // The change feed says at once (any process, ~20 ms) when the task is
         // cancelled; the heartbeat is the fallback.
-        let mut feed = self.feed.subscribe();
+        let mut feed = self.feed.watch_task(&job.task_id);
         let lease_ms = millis(self.config.lease);
         let mut progress = ProgressThrottle::default();
         // Requests to the client this run waits on: (request id, reply).
@@ -316,7 +316,7 @@ impl WorkerPool {
                     }
                     other => self.on_tool_event(&job, other).await,
                 },
-                Ok(change) = feed.recv() => {
+                Some(change) = feed.recv() => {
                     if let FeedEvent::Status(e) = change.as_ref()
                         && e.task_id == job.task_id
                     {
