@@ -96,14 +96,17 @@ pub enum TaskResult {
 }
 
 /// What a client waiting on tasks/result is told meanwhile.
+///
+/// Boxed: every waiting tasks/result holds a channel of these, whose first
+/// block has room for 32 (a few hundred bytes boxed, kilobytes unboxed).
 #[derive(Debug, Clone)]
 pub enum WaitEvent {
     /// The task reported progress.
-    Progress(ProgressEvent),
+    Progress(Box<ProgressEvent>),
     /// The task changed status (the full Task).
-    Status(Task),
+    Status(Box<Task>),
     /// The task needs the client: this request waits for its answer.
-    Ask(TaskMessage),
+    Ask(Box<TaskMessage>),
 }
 
 /// Why a task operation was refused.
@@ -489,12 +492,12 @@ impl Broker {
             let task = task_from_row(&row);
             if let Some(tx) = &events {
                 if last_status.is_some_and(|s| s != task.status) {
-                    let _ = tx.send(WaitEvent::Status(task.clone()));
+                    let _ = tx.send(WaitEvent::Status(Box::new(task.clone())));
                 }
                 if task.status == TaskStatus::InputRequired {
                     for message in self.store.task_messages_pending(task_id).await? {
                         if delivered.insert(message.request_id.clone()) {
-                            let _ = tx.send(WaitEvent::Ask(message));
+                            let _ = tx.send(WaitEvent::Ask(Box::new(message)));
                         }
                     }
                 }
@@ -521,7 +524,7 @@ impl Broker {
                     event = feed.recv() => match event.as_deref() {
                         Some(FeedEvent::Progress(p)) => {
                             if let Some(tx) = &events {
-                                let _ = tx.send(WaitEvent::Progress(p.clone()));
+                                let _ = tx.send(WaitEvent::Progress(Box::new(p.clone())));
                             }
                         }
                         // Its creation, seen late: nothing new to read.

@@ -53,6 +53,19 @@ pub struct BenchArgs {
     /// Print one JSON object with the figures instead of text.
     #[arg(long)]
     pub json: bool,
+    /// Instead: create this many tasks (of a tool that does not end soon),
+    /// block in tasks/result on all of them at once, print `ready` once every
+    /// stream is open, hold them for --hold-secs, then leave.
+    #[arg(long, conflicts_with_all = ["plain", "wait"])]
+    pub waiters: Option<usize>,
+    /// How long --waiters holds its streams open.
+    #[arg(long, default_value_t = 10)]
+    pub hold_secs: u64,
+    /// Instead: run this many tasks one after another and time, for each,
+    /// its completion (its lastUpdatedAt, written by whichever process ran
+    /// it) to the notifications/tasks/status on the session's GET stream.
+    #[arg(long, conflicts_with_all = ["plain", "wait", "waiters"])]
+    pub notify: Option<usize>,
 }
 
 #[derive(Debug, Default)]
@@ -186,7 +199,81 @@ pub async fn run(args: BenchArgs) -> u8 {
     let left = Arc::new(AtomicUsize::new(args.tasks));
     // The MCP client is not Send: every client runs on this thread.
     let local = tokio::task::LocalSet::new();
+    if let Some(n) = args.waiters {
+        return local.run_until(hold_waiters(args, arguments, n)).await;
+    }
+    if let Some(n) = args.notify {
+        return local.run_until(notify_latency(args, arguments, n)).await;
+    }
     local.run_until(drive(args, arguments, left)).await
+}
+
+/// `--waiters N`: N tasks, N tasks/result streams open at once.
+async fn hold_waiters(args: Arc<BenchArgs>, arguments: Value, n: usize) -> u8 {
+    use futures_util::{StreamExt, TryStreamExt, stream};
+    let client = match McpClient::open(&args.connection).await {
+        Ok(c) => c,
+        Err(e) => {
+            eprintln!("taskbroker bench: {e}");
+            return EXIT_UNREACHABLE;
+        }
+    };
+    let started = Instant::now();
+    let created: Result<Vec<String>, String> = stream::iter(0..n)
+        .map(|_| async {
+            let task = client
+                .request(
+                    "tools/call",
+                    json!({ "name": args.tool, "arguments": arguments, "task": {} }),
+                )
+                .await
+                .map_err(|e| e.to_string())?;
+            task.pointer("/task/taskId")
+                .and_then(Value::as_str)
+                .map(str::to_owned)
+                .ok_or_else(|| format!("not a task: {task}"))
+        })
+        .buffer_unordered(32)
+        .try_collect()
+        .await;
+    let ids = match created {
+        Ok(ids) => ids,
+        Err(e) => {
+            eprintln!("taskbroker bench: creating tasks failed: {e}");
+            return EXIT_FAILURE;
+        }
+    };
+    let create_s = started.elapsed().as_secs_f64();
+    let opened = Instant::now();
+    let streams: Result<Vec<reqwest::Response>, String> = stream::iter(ids)
+        .map(|id| {
+            let client = &client;
+            async move {
+                client
+                    .open_request("tasks/result", json!({ "taskId": id }))
+                    .await
+                    .map_err(|e| e.to_string())
+            }
+        })
+        .buffer_unordered(256)
+        .try_collect()
+        .await;
+    let streams = match streams {
+        Ok(s) => s,
+        Err(e) => {
+            eprintln!("taskbroker bench: opening tasks/result streams failed: {e}");
+            return EXIT_FAILURE;
+        }
+    };
+    println!(
+        "{}",
+        json!({ "ready": streams.len(), "create_s": create_s,
+                "open_s": opened.elapsed().as_secs_f64() })
+    );
+    tokio::time::sleep(Duration::from_secs(args.hold_secs)).await;
+    drop(streams);
+    client.close().await;
+    EXIT_OK
 }
 
 async fn drive(args: Arc<BenchArgs>, arguments: Value, left: Arc<AtomicUsize>) -> u8 {
@@ -262,4 +349,86 @@ async fn drive(args: Arc<BenchArgs>, arguments: Value, left: Arc<AtomicUsize>) -
     } else {
         EXIT_OK
     }
+}
+
+/// `--notify N`: completion to status notification, N times.
+async fn notify_latency(args: Arc<BenchArgs>, arguments: Value, n: usize) -> u8 {
+    use futures_util::StreamExt;
+    let client = match McpClient::open(&args.connection).await {
+        Ok(c) => c,
+        Err(e) => {
+            eprintln!("taskbroker bench: {e}");
+            return EXIT_UNREACHABLE;
+        }
+    };
+    let stream = match client.open_get_stream().await {
+        Ok(s) => s,
+        Err(e) => {
+            eprintln!("taskbroker bench: the GET stream: {e}");
+            return EXIT_FAILURE;
+        }
+    };
+    // (task id, ms from its lastUpdatedAt to receipt) of each terminal status.
+    let (tx, mut rx) = tokio::sync::mpsc::unbounded_channel::<(String, f64)>();
+    let reader = tokio::task::spawn_local(async move {
+        let mut parser = super::sse::SseParser::new();
+        let mut body = stream.bytes_stream();
+        while let Some(Ok(bytes)) = body.next().await {
+            for event in parser.push(&bytes) {
+                let Ok(m) = serde_json::from_str::<Value>(&event.data) else {
+                    continue;
+                };
+                let p = &m["params"];
+                if m["method"] != "notifications/tasks/status"
+                    || !matches!(p["status"].as_str(), Some("completed" | "failed"))
+                {
+                    continue;
+                }
+                let written = p["lastUpdatedAt"].as_str().and_then(|t| {
+                    time::OffsetDateTime::parse(t, &time::format_description::well_known::Rfc3339)
+                        .ok()
+                });
+                if let (Some(id), Some(written)) = (p["taskId"].as_str(), written) {
+                    let delay = time::OffsetDateTime::now_utc() - written;
+                    let _ = tx.send((id.to_owned(), delay.as_seconds_f64() * 1000.0));
+                }
+            }
+        }
+    });
+    let mut delays = Vec::with_capacity(n);
+    let mut errors = 0;
+    for _ in 0..n {
+        let created = client
+            .request(
+                "tools/call",
+                json!({ "name": args.tool, "arguments": arguments, "task": {} }),
+            )
+            .await;
+        let Some(id) = created
+            .ok()
+            .and_then(|t| t.pointer("/task/taskId")?.as_str().map(str::to_owned))
+        else {
+            errors += 1;
+            continue;
+        };
+        let got = tokio::time::timeout(Duration::from_secs(30), async {
+            while let Some((task, delay)) = rx.recv().await {
+                if task == id {
+                    return Some(delay);
+                }
+            }
+            None
+        })
+        .await;
+        match got {
+            Ok(Some(delay)) => delays.push(delay),
+            _ => errors += 1,
+        }
+    }
+    reader.abort();
+    client.close().await;
+    let report = json!({ "url": args.connection.url.as_str(), "tool": args.tool,
+                         "errors": errors, "notify": summary(delays) });
+    println!("{report}");
+    if errors > 0 { EXIT_FAILURE } else { EXIT_OK }
 }

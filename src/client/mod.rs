@@ -182,6 +182,18 @@ impl McpClient {
         self.answer(id, response, &mut on_note).await
     }
 
+    /// Send a request and return as soon as the server answered with its
+    /// headers (a 2xx); the body (JSON or an SSE stream) is the caller's to
+    /// read or to hold open.
+    pub async fn open_request(
+        &self,
+        method: &str,
+        params: Value,
+    ) -> Result<reqwest::Response, McpError> {
+        let id = self.next_id.fetch_add(1, Ordering::Relaxed);
+        self.post(&request_body(id, method, params)).await
+    }
+
     /// Send a notification (no answer expected beyond HTTP 202).
     pub async fn notify(&self, method: &str, params: Option<Value>) -> Result<(), McpError> {
         let mut body = json!({ "jsonrpc": "2.0", "method": method });
@@ -317,6 +329,22 @@ impl McpClient {
             tokio::time::sleep(retry).await;
             response = self.resume(&last).await?;
         }
+    }
+
+    /// Open the session's GET stream (server-to-client messages such as
+    /// notifications/tasks/status); its body is the caller's to read.
+    pub async fn open_get_stream(&self) -> Result<reqwest::Response, McpError> {
+        let mut headers = self.headers();
+        headers.insert(ACCEPT, HeaderValue::from_static("text/event-stream"));
+        headers.remove(CONTENT_TYPE);
+        let response = self
+            .http
+            .get(self.url.clone())
+            .headers(headers)
+            .send()
+            .await
+            .map_err(|e| self.send_error(e))?;
+        check_status(response).await
     }
 
     /// GET the rest of a stream after `last_event_id`.
