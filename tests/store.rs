@@ -2721,3 +2721,31 @@ async fn new_attempt_abandons_old_requests_and_resumes_working() {
             .unwrap();
     assert_eq!(state, "abandoned");
 }
+
+/// A claim in a group commit sees the jobs created earlier in the same
+/// batch, and shares its transaction.
+#[tokio::test]
+async fn write_batch_claim_sees_jobs_created_in_the_same_batch() {
+    let db = TestDb::new().await;
+    let (c1, created) = create_op(new_task("c1", "alice"), Some(JOB), None);
+    let (reply, claimed) = tokio::sync::oneshot::channel();
+    let claim = WriteOp::Claim {
+        worker: "w1".into(),
+        lease_token: "lease-1".into(),
+        limit: 5,
+        lease_ms: LEASE_MS,
+        reply,
+    };
+    db.store.write_batch(vec![claim, c1], T0).await;
+    let row = created.await.unwrap().unwrap();
+    let jobs = claimed.await.unwrap().unwrap();
+    assert_eq!(jobs.len(), 1);
+    assert_eq!(jobs[0].task_seq, row.seq);
+    assert_eq!(jobs[0].task_id, "c1");
+    assert_eq!(jobs[0].attempt, 1);
+    assert_eq!(jobs[0].lease_token, "lease-1");
+    assert_eq!(
+        job(&db.raw().await, row.seq).await.unwrap().state,
+        "running"
+    );
+}

@@ -8,7 +8,7 @@ use tokio::sync::{mpsc, oneshot};
 
 use super::Feed;
 use crate::clock::now_ms;
-use crate::store::{NewJob, NewTask, Store, StoreError, TaskOutcome, TaskRow, WriteOp};
+use crate::store::{ClaimedJob, NewJob, NewTask, Store, StoreError, TaskOutcome, TaskRow, WriteOp};
 
 /// Most writes in one transaction.
 const MAX_BATCH: usize = 512;
@@ -41,7 +41,7 @@ impl Writer {
                     .iter()
                     .filter_map(|op| match op {
                         WriteOp::Complete { task_id, .. } => Some(task_id.clone()),
-                        WriteOp::Create { .. } => None,
+                        WriteOp::Create { .. } | WriteOp::Claim { .. } => None,
                     })
                     .collect();
                 store.write_batch(batch, now_ms()).await;
@@ -90,6 +90,28 @@ impl Writer {
                 task_id: task_id.to_owned(),
                 lease_token: lease_token.to_owned(),
                 outcome,
+                reply,
+            })
+            .await
+            .map_err(|_| gone())?;
+        answer.await.map_err(|_| gone())?
+    }
+
+    /// Claim up to `limit` jobs for `worker` in the next group commit.
+    pub async fn claim(
+        &self,
+        worker: &str,
+        lease_token: &str,
+        limit: i64,
+        lease_ms: i64,
+    ) -> Result<Vec<ClaimedJob>, StoreError> {
+        let (reply, answer) = oneshot::channel();
+        self.ops
+            .send(WriteOp::Claim {
+                worker: worker.to_owned(),
+                lease_token: lease_token.to_owned(),
+                limit,
+                lease_ms,
                 reply,
             })
             .await

@@ -17,9 +17,11 @@ use serde_json::{Value, json};
 use sqlx::SqliteConnection;
 use tokio::sync::oneshot;
 
-use super::jobs::complete_in;
+use super::jobs::{claim_in, complete_in};
 use super::tasks::create_in;
-use super::{BEGIN_IMMEDIATE, NewJob, NewTask, Store, StoreError, TaskOutcome, TaskRow};
+use super::{
+    BEGIN_IMMEDIATE, ClaimedJob, NewJob, NewTask, Store, StoreError, TaskOutcome, TaskRow,
+};
 
 /// One write of a batch, with where its result goes (after the commit).
 #[derive(Debug)]
@@ -48,12 +50,44 @@ pub enum WriteOp {
         /// Whether the task took the outcome.
         reply: oneshot::Sender<Result<bool, StoreError>>,
     },
+    /// `job_claim_available`: claims share the batch's commit (and its
+    /// fsync) and see the jobs created earlier in the same batch.
+    Claim {
+        /// The claiming pool.
+        worker: String,
+        /// The new lease.
+        lease_token: String,
+        /// Jobs at most.
+        limit: i64,
+        /// Lease length.
+        lease_ms: i64,
+        /// The claimed jobs.
+        reply: oneshot::Sender<Result<Vec<ClaimedJob>, StoreError>>,
+    },
+}
+
+impl WriteOp {
+    /// Answer with `error`.
+    fn fail(self, error: StoreError) {
+        match self {
+            WriteOp::Create { reply, .. } => {
+                let _ = reply.send(Err(error));
+            }
+            WriteOp::Complete { reply, .. } => {
+                let _ = reply.send(Err(error));
+            }
+            WriteOp::Claim { reply, .. } => {
+                let _ = reply.send(Err(error));
+            }
+        }
+    }
 }
 
 /// What one write came to, before the commit.
 enum Done {
     Create(Box<Result<TaskRow, StoreError>>),
     Complete(Result<bool, StoreError>),
+    Claim(Result<Vec<ClaimedJob>, StoreError>),
 }
 
 impl Store {
@@ -76,27 +110,17 @@ impl Store {
                         (WriteOp::Complete { reply, .. }, Done::Complete(r)) => {
                             let _ = reply.send(r);
                         }
+                        (WriteOp::Claim { reply, .. }, Done::Claim(r)) => {
+                            let _ = reply.send(r);
+                        }
                         // run_batch answers each op in kind and in order.
-                        (WriteOp::Create { reply, .. }, Done::Complete(_)) => {
-                            let _ = reply.send(Err(StoreError::Batch("mismatched reply".into())));
-                        }
-                        (WriteOp::Complete { reply, .. }, Done::Create(_)) => {
-                            let _ = reply.send(Err(StoreError::Batch("mismatched reply".into())));
-                        }
+                        (op, _) => op.fail(StoreError::Batch("mismatched reply".into())),
                     }
                 }
             }
             Err(e) => {
                 for op in ops {
-                    let failed = StoreError::Batch(e.to_string());
-                    match op {
-                        WriteOp::Create { reply, .. } => {
-                            let _ = reply.send(Err(failed));
-                        }
-                        WriteOp::Complete { reply, .. } => {
-                            let _ = reply.send(Err(failed));
-                        }
-                    }
+                    op.fail(StoreError::Batch(e.to_string()));
                 }
             }
         }
@@ -148,6 +172,16 @@ async fn one_write(
             let r = complete_in(&mut sp, *task_seq, lease_token, outcome, now).await;
             (r.is_ok(), Done::Complete(r))
         }
+        WriteOp::Claim {
+            worker,
+            lease_token,
+            limit,
+            lease_ms,
+            ..
+        } => {
+            let r = claim_in(&mut sp, worker, lease_token, *limit, *lease_ms, now).await;
+            (r.is_ok(), Done::Claim(r))
+        }
     };
     if ok {
         sp.commit().await?;
@@ -157,8 +191,9 @@ async fn one_write(
     Ok(done)
 }
 
-/// The whole batch in at most four statements (plus one savepoint-guarded
-/// write per creation that records an immediate outcome, which is rare).
+/// The whole batch in at most four statements, plus one per claim (and one
+/// savepoint-guarded write per creation that records an immediate outcome,
+/// which is rare).
 /// Any error means: roll back and go one by one.
 async fn grouped_writes(
     conn: &mut SqliteConnection,
@@ -190,6 +225,7 @@ async fn grouped_writes(
                 }
                 completions.push((*task_seq, lease_token.as_str(), outcome));
             }
+            WriteOp::Claim { .. } => {}
         }
     }
     let mut created = create_many(conn, &new_tasks, now).await?;
@@ -212,6 +248,22 @@ async fn grouped_writes(
                 Some(took) => Ok(*took),
                 None => Err(StoreError::LeaseLost),
             }),
+            // After the creations: a claim sees the batch's new jobs.
+            WriteOp::Claim {
+                worker,
+                lease_token,
+                limit,
+                lease_ms,
+                ..
+            } => Done::Claim(Ok(claim_in(
+                conn,
+                worker,
+                lease_token,
+                *limit,
+                *lease_ms,
+                now,
+            )
+            .await?)),
         });
     }
     Ok(done)

@@ -57,31 +57,8 @@ impl Store {
         lease_ms: i64,
         now: i64,
     ) -> Result<Vec<ClaimedJob>, StoreError> {
-        let lease_expires_at = now + lease_ms;
-        let mut jobs = sqlx::query_as!(
-            ClaimedJob,
-            r#"UPDATE jobs SET state = 'running', attempt = attempt + 1, lease_owner = ?1,
-                      lease_token = ?2, lease_expires_at = ?3
-                WHERE task_seq IN (SELECT task_seq FROM jobs
-                                    WHERE state = 'queued' AND run_after <= ?4
-                                    ORDER BY priority, task_seq LIMIT ?5)
-               RETURNING task_seq AS "task_seq!",
-                         (SELECT task_id FROM tasks WHERE seq = task_seq) AS "task_id!: String",
-                         (SELECT tool FROM tasks WHERE seq = task_seq) AS "tool!: String",
-                         (SELECT arguments FROM tasks WHERE seq = task_seq) AS "arguments!: String",
-                         (SELECT progress_token FROM tasks WHERE seq = task_seq) AS "progress_token?: String",
-                         attempt AS "attempt!", max_attempts AS "max_attempts!", priority AS "priority!",
-                         lease_token AS "lease_token!: String""#,
-            worker,
-            lease_token,
-            lease_expires_at,
-            now,
-            limit
-        )
-        .fetch_all(&self.write)
-        .await?;
-        jobs.sort_by_key(|j| (j.priority, j.task_seq));
-        Ok(jobs)
+        let mut conn = self.write.acquire().await?;
+        claim_in(&mut conn, worker, lease_token, limit, lease_ms, now).await
     }
 
     /// Extend the lease of a running job. `LeaseLost` when the token no
@@ -320,4 +297,41 @@ pub(super) async fn complete_in(
     .execute(&mut *conn)
     .await?;
     Ok(updated.rows_affected() == 1)
+}
+
+/// The statement of `job_claim_available`, on the caller's connection (its
+/// own transaction, or the writer's group commit).
+pub(super) async fn claim_in(
+    conn: &mut sqlx::SqliteConnection,
+    worker: &str,
+    lease_token: &str,
+    limit: i64,
+    lease_ms: i64,
+    now: i64,
+) -> Result<Vec<ClaimedJob>, StoreError> {
+    let lease_expires_at = now + lease_ms;
+    let mut jobs = sqlx::query_as!(
+        ClaimedJob,
+        r#"UPDATE jobs SET state = 'running', attempt = attempt + 1, lease_owner = ?1,
+                  lease_token = ?2, lease_expires_at = ?3
+            WHERE task_seq IN (SELECT task_seq FROM jobs
+                                WHERE state = 'queued' AND run_after <= ?4
+                                ORDER BY priority, task_seq LIMIT ?5)
+           RETURNING task_seq AS "task_seq!",
+                     (SELECT task_id FROM tasks WHERE seq = task_seq) AS "task_id!: String",
+                     (SELECT tool FROM tasks WHERE seq = task_seq) AS "tool!: String",
+                     (SELECT arguments FROM tasks WHERE seq = task_seq) AS "arguments!: String",
+                     (SELECT progress_token FROM tasks WHERE seq = task_seq) AS "progress_token?: String",
+                     attempt AS "attempt!", max_attempts AS "max_attempts!", priority AS "priority!",
+                     lease_token AS "lease_token!: String""#,
+        worker,
+        lease_token,
+        lease_expires_at,
+        now,
+        limit
+    )
+    .fetch_all(&mut *conn)
+    .await?;
+    jobs.sort_by_key(|j| (j.priority, j.task_seq));
+    Ok(jobs)
 }

@@ -202,15 +202,11 @@ impl WorkerPool {
             }
         }
         let token = uuid::Uuid::new_v4().to_string();
+        // Through the writer: the claim shares a group commit (one fsync)
+        // with the creations and completions queued meanwhile.
         match self
-            .store
-            .job_claim_available(
-                &self.worker_id,
-                &token,
-                n as i64,
-                millis(self.config.lease),
-                now,
-            )
+            .writer
+            .claim(&self.worker_id, &token, n as i64, millis(self.config.lease))
             .await
         {
             Ok(jobs) => jobs,
