@@ -35,11 +35,28 @@ pub struct SessionStreams {
     /// Status changes a tasks/result stream already delivered, though the
     /// feed has not brought them yet (the stream looked at the row as soon
     /// as this process wrote it): (task, status) -> when.
-    delivered: Mutex<HashMap<(String, String), Instant>>,
+    delivered: Mutex<Delivered>,
 }
 
-/// How long a delivered status waits for its feed event.
-const DELIVERED_KEEP: Duration = Duration::from_secs(60);
+/// Status changes already delivered, and when they were last swept.
+#[derive(Debug)]
+struct Delivered {
+    entries: HashMap<(String, String), Instant>,
+    swept: Instant,
+}
+
+impl Default for Delivered {
+    fn default() -> Self {
+        Self {
+            entries: HashMap::new(),
+            swept: Instant::now(),
+        }
+    }
+}
+
+/// How long a delivered status waits for its feed event (which normally
+/// comes within milliseconds; when it came first, the entry is never used).
+const DELIVERED_KEEP: Duration = Duration::from_secs(10);
 
 /// Marks a task as watched by a tasks/result stream while it lives.
 #[derive(Debug)]
@@ -78,8 +95,17 @@ impl Drop for Watch {
                 .delivered
                 .lock()
                 .unwrap_or_else(|p| p.into_inner());
-            delivered.retain(|_, at| at.elapsed() < DELIVERED_KEEP);
-            delivered.insert((self.task_id.clone(), status), Instant::now());
+            let now = Instant::now();
+            // Sweep at most once per DELIVERED_KEEP: O(1) per stream.
+            if now.duration_since(delivered.swept) >= DELIVERED_KEEP {
+                delivered
+                    .entries
+                    .retain(|_, at| now.duration_since(*at) < DELIVERED_KEEP);
+                delivered.swept = now;
+            }
+            delivered
+                .entries
+                .insert((self.task_id.clone(), status), now);
         }
     }
 }
@@ -124,10 +150,11 @@ impl SessionStreams {
             return true;
         }
         let mut delivered = self.delivered.lock().unwrap_or_else(|p| p.into_inner());
-        if delivered.is_empty() {
+        if delivered.entries.is_empty() {
             return false;
         }
         delivered
+            .entries
             .remove(&(task_id.to_owned(), status.to_owned()))
             .is_some()
     }
