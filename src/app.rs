@@ -111,8 +111,9 @@ impl Core {
         let tailer = feed
             .spawn_tailer(store.clone(), FEED_TICK, shutdown.clone())
             .await?;
-        let writer = Writer::spawn(store.clone(), feed.clone());
-        let broker = Broker::new(store.clone(), tools, broker, feed, writer);
+        let job_queued = Arc::new(tokio::sync::Notify::new());
+        let writer = Writer::spawn(store.clone(), feed.clone(), job_queued.clone());
+        let broker = Broker::new(store.clone(), tools, broker, feed, writer, job_queued);
         let maintenance = tokio::spawn(maintenance::run(
             broker.clone(),
             maintenance::MaintenanceConfig::for_lease(lease),

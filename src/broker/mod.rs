@@ -28,7 +28,7 @@ use open_tasks::OpenTasks;
 
 pub use feed::{Feed, FeedEvent, TaskWatch};
 pub use status::TaskStatus;
-pub use writer::Writer;
+pub use writer::{HandedOff, Handoff, Writer};
 
 /// Limits and defaults of task handling.
 #[derive(Debug, Clone)]
@@ -179,7 +179,8 @@ pub struct Broker {
     tools: Arc<Registry>,
     config: BrokerConfig,
     feed: Feed,
-    /// Wakes the embedded worker pool when a job is queued.
+    /// Wakes the embedded worker pool when a job is queued and not handed
+    /// to it (the writer and maintenance notify it).
     job_queued: Arc<Notify>,
     /// Group commit of task creations.
     writer: Writer,
@@ -293,13 +294,14 @@ impl Broker {
         config: BrokerConfig,
         feed: Feed,
         writer: Writer,
+        job_queued: Arc<Notify>,
     ) -> Self {
         Self {
             writer,
             store,
             tools,
             feed,
-            job_queued: Arc::new(Notify::new()),
+            job_queued,
             open_tasks: Arc::new(OpenTasks::new(config.max_open_tasks)),
             config,
         }
@@ -417,11 +419,9 @@ impl Broker {
             max_attempts: tool.definition().max_attempts.max(1),
             priority: 0,
         });
+        // The writer hands the job to this process's pool, or wakes it.
         let row = self.writer.create(new, job, refused).await?;
         self.feed.kick();
-        if job.is_some() {
-            self.job_queued.notify_one();
-        }
         tracing::info!(task_id = %row.task_id, tool = name, ttl_ms = ?ttl_ms, "task created");
         Ok(task_from_row(&row))
     }

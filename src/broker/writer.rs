@@ -1,10 +1,17 @@
-//! The single writer of a process's hot writes (task creations and job
-//! completions): requests queue on a channel, and whatever queued while the
-//! previous transaction committed goes into the next one (group commit), so
-//! with `synchronous=FULL` k writes share one fsync. Each caller is answered
-//! only after its write committed.
+//! The single writer of a process's hot writes (task creations, claims,
+//! job completions): requests queue on a channel, and whatever queued while
+//! the previous transaction committed goes into the next one (group commit),
+//! so with `synchronous=FULL` k writes share one fsync. Each caller is
+//! answered only after its write committed.
+//!
+//! Hand-off: when this process's own worker pool has free slots, jobs are
+//! claimed for it in the very transaction that creates them, and handed to
+//! it with their slots, instead of the pool being woken to claim them in a
+//! later one.
 
-use tokio::sync::{mpsc, oneshot};
+use std::sync::{Arc, Mutex};
+
+use tokio::sync::{Notify, OwnedSemaphorePermit, Semaphore, mpsc, oneshot};
 
 use super::Feed;
 use crate::clock::now_ms;
@@ -13,10 +20,27 @@ use crate::store::{ClaimedJob, NewJob, NewTask, Store, StoreError, TaskOutcome, 
 /// Most writes in one transaction.
 const MAX_BATCH: usize = 512;
 
+/// A job claimed for the pool, with the slot it runs in.
+pub type HandedOff = (ClaimedJob, OwnedSemaphorePermit);
+
+/// Where the writer hands jobs to this process's worker pool.
+#[derive(Debug)]
+pub struct Handoff {
+    /// The pool's id (the claims' `lease_owner`).
+    pub worker_id: String,
+    /// The pool's lease length.
+    pub lease_ms: i64,
+    /// The pool's free slots: a claim takes as many as it has jobs for.
+    pub slots: Arc<Semaphore>,
+    /// The pool's inbox.
+    pub jobs: mpsc::UnboundedSender<HandedOff>,
+}
+
 /// Handle on the writer task.
 #[derive(Debug, Clone)]
 pub struct Writer {
     ops: mpsc::Sender<WriteOp>,
+    handoff: Arc<Mutex<Option<Handoff>>>,
 }
 
 fn gone() -> StoreError {
@@ -25,8 +49,11 @@ fn gone() -> StoreError {
 
 impl Writer {
     /// Start the writer task; it runs until every handle is dropped.
-    pub fn spawn(store: Store, feed: Feed) -> Self {
+    /// `job_queued` is woken after a commit that queued jobs nobody took.
+    pub fn spawn(store: Store, feed: Feed, job_queued: Arc<Notify>) -> Self {
         let (ops, mut rx) = mpsc::channel::<WriteOp>(4 * MAX_BATCH);
+        let handoff: Arc<Mutex<Option<Handoff>>> = Arc::default();
+        let pool = handoff.clone();
         tokio::spawn(async move {
             while let Some(first) = rx.recv().await {
                 let mut batch = vec![first];
@@ -37,22 +64,53 @@ impl Writer {
                     }
                 }
                 let n = batch.len();
-                let finished: Vec<String> = batch
-                    .iter()
-                    .filter_map(|op| match op {
-                        WriteOp::Complete { task_id, .. } => Some(task_id.clone()),
-                        WriteOp::Create { .. } | WriteOp::Claim { .. } => None,
-                    })
-                    .collect();
-                store.write_batch(batch, now_ms()).await;
+                let mut finished = Vec::new();
+                let mut queued = 0usize;
+                for op in &batch {
+                    match op {
+                        WriteOp::Complete { task_id, .. } => finished.push(task_id.clone()),
+                        WriteOp::Create {
+                            job: Some(_),
+                            outcome: None,
+                            ..
+                        } => queued += 1,
+                        _ => {}
+                    }
+                }
+                let handed = if queued > 0 {
+                    hand_off(&pool, &mut batch, queued)
+                } else {
+                    None
+                };
+                let now = now_ms();
+                store.write_batch(batch, now).await;
                 tracing::trace!(writes = n, "group commit");
+                let taken = match handed {
+                    Some((answer, permits, token)) => {
+                        deliver(&store, &pool, answer, permits, &token, now).await
+                    }
+                    None => 0,
+                };
+                if taken < queued {
+                    job_queued.notify_one();
+                }
                 for task_id in &finished {
                     feed.written(task_id);
                 }
                 feed.kick();
             }
         });
-        Self { ops }
+        Self { ops, handoff }
+    }
+
+    /// Hand jobs to this process's pool from now on.
+    pub fn hand_off_to(&self, handoff: Handoff) {
+        *self.handoff.lock().unwrap_or_else(|p| p.into_inner()) = Some(handoff);
+    }
+
+    /// Stop handing jobs off (the pool is stopping).
+    pub fn stop_hand_off(&self) {
+        *self.handoff.lock().unwrap_or_else(|p| p.into_inner()) = None;
     }
 
     /// Create a task (and its job) in the next group commit.
@@ -118,4 +176,89 @@ impl Writer {
             .map_err(|_| gone())?;
         answer.await.map_err(|_| gone())?
     }
+}
+
+/// What a hand-off claim waits for: its answer, the slots it holds, its
+/// lease token.
+type Pending = (
+    oneshot::Receiver<Result<Vec<ClaimedJob>, StoreError>>,
+    OwnedSemaphorePermit,
+    String,
+);
+
+/// Append a claim for the pool to `batch` if it has free slots (as many as
+/// the batch queues jobs, at most).
+fn hand_off(
+    pool: &Mutex<Option<Handoff>>,
+    batch: &mut Vec<WriteOp>,
+    queued: usize,
+) -> Option<Pending> {
+    let guard = pool.lock().unwrap_or_else(|p| p.into_inner());
+    let handoff = guard.as_ref()?;
+    let free = handoff.slots.available_permits().min(queued);
+    if free == 0 {
+        return None;
+    }
+    let permits = handoff
+        .slots
+        .clone()
+        .try_acquire_many_owned(u32::try_from(free).ok()?)
+        .ok()?;
+    let (reply, answer) = oneshot::channel();
+    let token = uuid::Uuid::new_v4().to_string();
+    batch.push(WriteOp::Claim {
+        worker: handoff.worker_id.clone(),
+        lease_token: token.clone(),
+        limit: free as i64,
+        lease_ms: handoff.lease_ms,
+        reply,
+    });
+    Some((answer, permits, token))
+}
+
+/// Give the pool what the hand-off claim took, one slot each; unused slots
+/// go back. A pool that has gone gets nothing: its jobs are released at
+/// once. Returns how many jobs the pool got.
+async fn deliver(
+    store: &Store,
+    pool: &Mutex<Option<Handoff>>,
+    answer: oneshot::Receiver<Result<Vec<ClaimedJob>, StoreError>>,
+    mut permits: OwnedSemaphorePermit,
+    token: &str,
+    now: i64,
+) -> usize {
+    let jobs = match answer.await {
+        Ok(Ok(jobs)) => jobs,
+        Ok(Err(e)) => {
+            tracing::warn!(error = %e, "hand-off claim failed");
+            return 0;
+        }
+        Err(_) => return 0,
+    };
+    let mut orphans = Vec::new();
+    let mut taken = 0;
+    {
+        let guard = pool.lock().unwrap_or_else(|p| p.into_inner());
+        for job in jobs {
+            let slot = permits.split(1);
+            match (guard.as_ref(), slot) {
+                (Some(handoff), Some(slot)) => match handoff.jobs.send((job, slot)) {
+                    Ok(()) => taken += 1,
+                    Err(mpsc::error::SendError((job, _))) => orphans.push(job),
+                },
+                _ => orphans.push(job),
+            }
+        }
+    }
+    for job in orphans {
+        match store.job_release(job.task_seq, token, now).await {
+            Ok(_) => {
+                tracing::debug!(task_id = %job.task_id, "pool stopped: handed-off job released")
+            }
+            Err(e) => {
+                tracing::warn!(task_id = %job.task_id, error = %e, "releasing a handed-off job failed; its lease will expire")
+            }
+        }
+    }
+    taken
 }

@@ -10,7 +10,7 @@ use serde_json::Value;
 use tokio::sync::{Notify, Semaphore, mpsc};
 use tokio_util::sync::CancellationToken;
 
-use crate::broker::{Feed, FeedEvent, Writer, outcome_to_record};
+use crate::broker::{Feed, FeedEvent, HandedOff, Handoff, Writer, outcome_to_record};
 use crate::clock::now_ms;
 use crate::mcp::RpcError;
 use crate::store::{ClaimedJob, NewWorker, Store, StoreError, TaskMessage};
@@ -117,6 +117,20 @@ impl WorkerPool {
         let slots = Arc::new(Semaphore::new(concurrency));
         let release = CancellationToken::new();
         let mut jobs = tokio::task::JoinSet::new();
+        // An embedded pool gets the jobs its server creates straight from
+        // the writer, claimed in the creating transaction, while it has free
+        // slots; the rest it claims itself.
+        let (handoff_tx, mut handed) = mpsc::unbounded_channel::<HandedOff>();
+        if self.config.kind == "embedded" {
+            self.writer.hand_off_to(Handoff {
+                worker_id: self.worker_id.clone(),
+                lease_ms: millis(self.config.lease),
+                slots: slots.clone(),
+                jobs: handoff_tx,
+            });
+        } else {
+            drop(handoff_tx);
+        }
         let mut idle = IDLE_MIN;
         // Whether the queue may hold more than the last claim took; when it
         // does not, wait for word of a new job before claiming again.
@@ -125,16 +139,23 @@ impl WorkerPool {
         // the claim need not look first.
         let mut certain = true;
         // Tasks created by other processes come through the change feed; an
-        // embedded pool hears of its server's own at once (`job_queued`), so
-        // it leaves the feed alone (another server on the same file would be
-        // found within `idle_max`).
+        // embedded pool hears of its server's own at once (`job_queued`, or
+        // the jobs themselves), so it leaves the feed alone (another server
+        // on the same file would be found within `idle_max`).
         let mut created = self.feed.tasks_created();
         let feed_wakes = self.config.kind != "embedded";
         loop {
             while jobs.try_join_next().is_some() {}
+            while let Ok((job, permit)) = handed.try_recv() {
+                self.spawn_job(&mut jobs, job, permit, &release);
+            }
             if drained {
                 tokio::select! {
                     _ = shutdown.cancelled() => break,
+                    Some((job, permit)) = handed.recv() => {
+                        self.spawn_job(&mut jobs, job, permit, &release);
+                        continue;
+                    }
                     _ = self.job_queued.notified() => { idle = IDLE_MIN; certain = true; }
                     Ok(()) = created.changed(), if feed_wakes => { idle = IDLE_MIN; certain = false; }
                     _ = tokio::time::sleep(idle) => {
@@ -145,38 +166,40 @@ impl WorkerPool {
             }
             let first = tokio::select! {
                 _ = shutdown.cancelled() => break,
+                Some((job, permit)) = handed.recv() => {
+                    self.spawn_job(&mut jobs, job, permit, &release);
+                    continue;
+                }
                 permit = slots.clone().acquire_owned() => match permit {
                     Ok(p) => p,
                     Err(_) => break,
                 },
             };
             created.borrow_and_update();
-            let want = 1 + slots.available_permits();
+            // Every slot is held before the claim: the writer's hand-off
+            // takes slots too, and a claimed job must never lack one.
+            let mut permits = vec![first];
+            while let Ok(p) = slots.clone().try_acquire_owned() {
+                permits.push(p);
+            }
+            let want = permits.len();
             let claimed = self.claim(want, certain).await;
             drained = claimed.len() < want;
             certain = true;
             if claimed.is_empty() {
-                drop(first);
                 continue;
             }
             idle = IDLE_MIN;
-            let mut permits = vec![first];
-            for _ in 1..claimed.len() {
-                match slots.clone().try_acquire_owned() {
-                    Ok(p) => permits.push(p),
-                    Err(_) => break,
-                }
-            }
+            // claimed.len() <= want: the claim's LIMIT; spare slots go back.
+            permits.truncate(claimed.len());
             for (job, permit) in claimed.into_iter().zip(permits) {
-                let pool = self.clone();
-                let release = release.clone();
-                jobs.spawn(async move {
-                    pool.running.fetch_add(1, Ordering::Relaxed);
-                    pool.run_job(job, release).await;
-                    pool.running.fetch_sub(1, Ordering::Relaxed);
-                    drop(permit);
-                });
+                self.spawn_job(&mut jobs, job, permit, &release);
             }
+        }
+        // No more hand-offs; what was handed off already runs like the rest.
+        self.writer.stop_hand_off();
+        while let Ok((job, permit)) = handed.try_recv() {
+            self.spawn_job(&mut jobs, job, permit, &release);
         }
         self.shutdown(jobs, release).await;
         let _ = heartbeat.await;
@@ -188,6 +211,24 @@ impl WorkerPool {
             tracing::warn!(error = %e, "could not mark the worker stopped");
         }
         tracing::info!(worker = %self.worker_id, "worker pool stopped");
+    }
+
+    /// Run `job` in its slot.
+    fn spawn_job(
+        &self,
+        jobs: &mut tokio::task::JoinSet<()>,
+        job: ClaimedJob,
+        permit: tokio::sync::OwnedSemaphorePermit,
+        release: &CancellationToken,
+    ) {
+        let pool = self.clone();
+        let release = release.clone();
+        jobs.spawn(async move {
+            pool.running.fetch_add(1, Ordering::Relaxed);
+            pool.run_job(job, release).await;
+            pool.running.fetch_sub(1, Ordering::Relaxed);
+            drop(permit);
+        });
     }
 
     /// Claim up to `n` jobs. Unless jobs are `likely` there, a cheap read
