@@ -972,3 +972,36 @@ async fn t39_repeated_refused_lookups_raise_a_warning() {
         "{warning}"
     );
 }
+
+/// Covers H-13: once `token create` returned, no session opens without a
+/// token, even when the request carries a made-up Mcp-Session-Id (requests
+/// on open sessions may reuse a 20 ms old look at whether tokens exist;
+/// initialize never does). An anonymous session opened before the first
+/// token is refused too once that look is renewed.
+#[tokio::test]
+async fn h13_first_token_closes_new_sessions_at_once() {
+    let server = Server::start(&[]);
+    let mut anonymous = server.client().await;
+    assert_eq!(anonymous.ok("ping", json!({})).await, json!({}));
+    // The look "no tokens" is now fresh in the server.
+    create_token(&server, "alice", &[]);
+    let probe = Client::new(&server.url);
+    let mut h = probe.headers();
+    h.insert(
+        "mcp-session-id",
+        HeaderValue::from_static("made-up-session-id"),
+    );
+    let raw = probe.post_raw(h, initialize_body()).await;
+    assert_401(&raw, false, "initialize with a made-up session id");
+    let raw = probe.post_raw(probe.headers(), initialize_body()).await;
+    assert_401(&raw, false, "initialize");
+    tokio::time::sleep(Duration::from_millis(50)).await;
+    let raw = anonymous
+        .post_raw(anonymous.headers(), rpc(7, "ping", json!({})))
+        .await;
+    assert_401(
+        &raw,
+        false,
+        "ping on a session opened before the first token",
+    );
+}

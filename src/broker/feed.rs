@@ -65,6 +65,9 @@ pub struct Feed {
     /// Counts the batches of new tasks the tailer saw (any process): a job
     /// may be waiting for a worker.
     created: watch::Sender<u64>,
+    /// Counts the commits the tailer saw (any process): a job may have been
+    /// queued again (released, rescued) without any task event.
+    commits: watch::Sender<u64>,
 }
 
 impl Feed {
@@ -78,6 +81,7 @@ impl Feed {
             kick: Arc::new(Notify::new()),
             wake: Arc::new(OnceLock::new()),
             created: watch::Sender::new(0),
+            commits: watch::Sender::new(0),
         }
     }
 
@@ -125,6 +129,12 @@ impl Feed {
         self.created.subscribe()
     }
 
+    /// Watch commits (any process): `changed()` resolves once the tailer saw
+    /// one after the receiver last looked.
+    pub fn commits(&self) -> watch::Receiver<u64> {
+        self.commits.subscribe()
+    }
+
     /// Tell the tailer this process just committed a change, and the other
     /// processes on the database through the wake file.
     pub fn kick(&self) {
@@ -169,6 +179,9 @@ impl Feed {
         let feed = self.clone();
         Ok(tokio::spawn(async move {
             let mut idle: u32 = 0;
+            // A read failed: read again at the next tick even if nothing
+            // new was committed (waiters do not poll).
+            let mut behind = false;
             loop {
                 let wait = tick * (1 + idle / 10);
                 let kicked = tokio::select! {
@@ -178,12 +191,15 @@ impl Feed {
                     _ = tokio::time::sleep(wait) => false,
                 };
                 match store.data_version(&mut conn).await {
-                    Ok(v) if v == version && !kicked => {
+                    Ok(v) if v == version && !kicked && !behind => {
                         // Nothing new: look less often, up to 5x the tick.
                         idle = (idle + 1).min(IDLE_STEPS);
                         continue;
                     }
                     Ok(v) => {
+                        if v != version {
+                            feed.commits.send_modify(|n| *n += 1);
+                        }
                         version = v;
                         idle = 0;
                     }
@@ -192,6 +208,7 @@ impl Feed {
                         continue;
                     }
                 }
+                behind = false;
                 // Progress first: what a task reported before it ended is
                 // delivered before its end.
                 loop {
@@ -211,6 +228,7 @@ impl Feed {
                         }
                         Err(e) => {
                             tracing::warn!(error = %e, "change feed: progress read failed");
+                            behind = true;
                             break;
                         }
                     }
@@ -232,6 +250,7 @@ impl Feed {
                         }
                         Err(e) => {
                             tracing::warn!(error = %e, "change feed: read failed");
+                            behind = true;
                             break;
                         }
                     }

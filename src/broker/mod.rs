@@ -188,6 +188,10 @@ pub struct Broker {
     open_tasks: Arc<OpenTasks>,
 }
 
+/// How often a waiting tasks/result looks for further requests of an
+/// input_required task.
+const INPUT_REQUIRED_LOOK: Duration = Duration::from_secs(1);
+
 /// What the first look of a tasks/result found.
 #[derive(Debug)]
 pub enum ResultLook {
@@ -507,10 +511,19 @@ impl Broker {
                 TaskResult::Pending => {}
                 done => return Ok(done),
             }
-            // The ttl is fixed at creation: the row changes by expiring only then.
+            // The ttl is fixed at creation: the row changes by expiring only
+            // then. While input_required, look again now and then: a further
+            // request of a task in another process changes no status (no
+            // feed event) and must still reach this client.
             let expires_in = row
                 .expires_at
                 .map(|at| Duration::from_millis(at.saturating_sub(now_ms()).max(0) as u64 + 1));
+            let expires_in = match task.status {
+                TaskStatus::InputRequired => {
+                    Some(expires_in.map_or(INPUT_REQUIRED_LOOK, |d| d.min(INPUT_REQUIRED_LOOK)))
+                }
+                _ => expires_in,
+            };
             let expiry = async {
                 match expires_in {
                     Some(d) => tokio::time::sleep(d).await,

@@ -29,11 +29,21 @@ impl WakeFile {
         let mut name = db.as_os_str().to_owned();
         name.push("-wake");
         let path = PathBuf::from(name);
+        use std::os::unix::fs::OpenOptionsExt;
+        // Never through a symlink (one planted at this name could point at
+        // the database itself), and only a regular file.
         let file = OpenOptions::new()
             .create(true)
             .truncate(false)
             .write(true)
+            .custom_flags(nix::libc::O_NOFOLLOW)
             .open(&path)?;
+        if !file.metadata()?.is_file() {
+            return Err(std::io::Error::other(format!(
+                "{} is not a regular file",
+                path.display()
+            )));
+        }
         Ok(Self { file, path })
     }
 

@@ -9,6 +9,7 @@
 //! it with their slots, instead of the pool being woken to claim them in a
 //! later one.
 
+use std::collections::HashSet;
 use std::sync::{Arc, Mutex};
 
 use tokio::sync::{Notify, OwnedSemaphorePermit, Semaphore, mpsc, oneshot};
@@ -65,18 +66,22 @@ impl Writer {
                 }
                 let n = batch.len();
                 let mut finished = Vec::new();
-                let mut queued = 0usize;
+                let mut created = HashSet::new();
                 for op in &batch {
                     match op {
                         WriteOp::Complete { task_id, .. } => finished.push(task_id.clone()),
                         WriteOp::Create {
+                            new,
                             job: Some(_),
                             outcome: None,
                             ..
-                        } => queued += 1,
+                        } => {
+                            created.insert(new.task_id.clone());
+                        }
                         _ => {}
                     }
                 }
+                let queued = created.len();
                 let handed = if queued > 0 {
                     hand_off(&pool, &mut batch, queued)
                 } else {
@@ -87,11 +92,16 @@ impl Writer {
                 tracing::trace!(writes = n, "group commit");
                 let taken = match handed {
                     Some((answer, permits, token)) => {
-                        deliver(&store, &pool, answer, permits, &token, now).await
+                        deliver(&store, &pool, answer, permits, &token).await
                     }
-                    None => 0,
+                    None => Vec::new(),
                 };
-                if taken < queued {
+                // Wake the pool for what it was not given: this batch's jobs
+                // not handed off (an older due job may have been taken
+                // instead of one of them).
+                let all_handed =
+                    taken.len() == queued && taken.iter().all(|id| created.contains(id));
+                if queued > 0 && !all_handed {
                     job_queued.notify_one();
                 }
                 for task_id in &finished {
@@ -217,46 +227,51 @@ fn hand_off(
 }
 
 /// Give the pool what the hand-off claim took, one slot each; unused slots
-/// go back. A pool that has gone gets nothing: its jobs are released at
-/// once. Returns how many jobs the pool got.
+/// go back. A pool that has gone gets nothing: its jobs are queued again as
+/// they were (the attempt does not count), and hand-offs stop. Returns the
+/// ids of the tasks whose jobs the pool got.
 async fn deliver(
     store: &Store,
     pool: &Mutex<Option<Handoff>>,
     answer: oneshot::Receiver<Result<Vec<ClaimedJob>, StoreError>>,
     mut permits: OwnedSemaphorePermit,
     token: &str,
-    now: i64,
-) -> usize {
+) -> Vec<String> {
     let jobs = match answer.await {
         Ok(Ok(jobs)) => jobs,
         Ok(Err(e)) => {
             tracing::warn!(error = %e, "hand-off claim failed");
-            return 0;
+            return Vec::new();
         }
-        Err(_) => return 0,
+        Err(_) => return Vec::new(),
     };
     let mut orphans = Vec::new();
-    let mut taken = 0;
+    let mut taken = Vec::new();
     {
-        let guard = pool.lock().unwrap_or_else(|p| p.into_inner());
+        let mut guard = pool.lock().unwrap_or_else(|p| p.into_inner());
         for job in jobs {
-            let slot = permits.split(1);
-            match (guard.as_ref(), slot) {
-                (Some(handoff), Some(slot)) => match handoff.jobs.send((job, slot)) {
-                    Ok(()) => taken += 1,
-                    Err(mpsc::error::SendError((job, _))) => orphans.push(job),
-                },
-                _ => orphans.push(job),
+            let task_id = job.task_id.clone();
+            let sent = match (guard.as_ref(), permits.split(1)) {
+                (Some(handoff), Some(slot)) => handoff.jobs.send((job, slot)).map_err(|e| e.0.0),
+                (_, _) => Err(job),
+            };
+            match sent {
+                Ok(()) => taken.push(task_id),
+                Err(job) => {
+                    // The pool is gone: no more hand-offs.
+                    *guard = None;
+                    orphans.push(job);
+                }
             }
         }
     }
     for job in orphans {
-        match store.job_release(job.task_seq, token, now).await {
+        match store.job_unclaim(job.task_seq, token).await {
             Ok(_) => {
-                tracing::debug!(task_id = %job.task_id, "pool stopped: handed-off job released")
+                tracing::debug!(task_id = %job.task_id, "pool stopped: handed-off job queued again")
             }
             Err(e) => {
-                tracing::warn!(task_id = %job.task_id, error = %e, "releasing a handed-off job failed; its lease will expire")
+                tracing::warn!(task_id = %job.task_id, error = %e, "undoing a hand-off failed; its lease will expire")
             }
         }
     }

@@ -334,25 +334,27 @@ impl McpClient {
     /// Open the session's GET stream (server-to-client messages such as
     /// notifications/tasks/status); its body is the caller's to read.
     pub async fn open_get_stream(&self) -> Result<reqwest::Response, McpError> {
-        let mut headers = self.headers();
-        headers.insert(ACCEPT, HeaderValue::from_static("text/event-stream"));
-        headers.remove(CONTENT_TYPE);
-        let response = self
-            .http
-            .get(self.url.clone())
-            .headers(headers)
-            .send()
-            .await
-            .map_err(|e| self.send_error(e))?;
-        check_status(response).await
+        self.get_sse(None).await
     }
 
     /// GET the rest of a stream after `last_event_id`.
     async fn resume(&self, last_event_id: &str) -> Result<reqwest::Response, McpError> {
+        let response = self.get_sse(Some(last_event_id)).await?;
+        if is_sse(&response) {
+            Ok(response)
+        } else {
+            Err(McpError::Protocol(
+                "resuming the stream did not give an SSE answer".into(),
+            ))
+        }
+    }
+
+    /// A GET for an SSE stream (after `last_event_id`, when given).
+    async fn get_sse(&self, last_event_id: Option<&str>) -> Result<reqwest::Response, McpError> {
         let mut headers = self.headers();
         headers.insert(ACCEPT, HeaderValue::from_static("text/event-stream"));
         headers.remove(CONTENT_TYPE);
-        if let Ok(value) = HeaderValue::from_str(last_event_id) {
+        if let Some(value) = last_event_id.and_then(|id| HeaderValue::from_str(id).ok()) {
             headers.insert("last-event-id", value);
         }
         let response = self
@@ -362,14 +364,7 @@ impl McpClient {
             .send()
             .await
             .map_err(|e| self.send_error(e))?;
-        let response = check_status(response).await?;
-        if is_sse(&response) {
-            Ok(response)
-        } else {
-            Err(McpError::Protocol(
-                "resuming the stream did not give an SSE answer".into(),
-            ))
-        }
+        check_status(response).await
     }
 
     /// Handle one message of an answer: the response to `id` ends the wait

@@ -81,11 +81,12 @@ pub fn check_query(uri: &Uri) -> Result<(), AuthError> {
 /// whether tokens exist.
 const PRESENCE_FRESH: Duration = Duration::from_millis(20);
 
-/// Whether any token exists, as last read. A request that opens a session
-/// (no `Mcp-Session-Id`) always reads it afresh, so once `token create`
-/// returns no new session opens without a token. Requests on sessions
-/// opened before reuse a look up to [`PRESENCE_FRESH`] old: without this,
-/// every unauthenticated request cost a query.
+/// Whether any token exists, as last read. A request without
+/// `Mcp-Session-Id` reads it afresh, and so does every `initialize` (the
+/// transport checks again), so once `token create` returns no new session
+/// opens without a token. Other requests reuse a look up to
+/// [`PRESENCE_FRESH`] old: without this, every unauthenticated request cost
+/// a query.
 #[derive(Debug, Default)]
 pub struct TokenPresence {
     last: Mutex<Option<(Instant, bool)>>,

@@ -291,7 +291,7 @@ async fn tasks_result(state: &AppState, session: &Arc<Session>, params: Option<&
     let outcome = async move {
         let forward = |event: WaitEvent| {
             if let WaitEvent::Status(task) = &event {
-                watch.sent_status(task.status.as_str());
+                watch.sent_status(task.status.as_str(), task.updated_at);
             }
             if let Some(message) = wait_message(event, token.as_ref()) {
                 let _ = items_tx.send(StreamItem::Message(message));

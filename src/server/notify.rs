@@ -41,7 +41,8 @@ pub struct SessionStreams {
 /// Status changes already delivered, and when they were last swept.
 #[derive(Debug)]
 struct Delivered {
-    entries: HashMap<(String, String), Instant>,
+    /// (task, status, its lastUpdatedAt) -> when the stream ended.
+    entries: HashMap<(String, String, i64), Instant>,
     swept: Instant,
 }
 
@@ -63,14 +64,18 @@ const DELIVERED_KEEP: Duration = Duration::from_secs(10);
 pub struct Watch {
     streams: Arc<SessionStreams>,
     task_id: String,
-    /// The last status notification that stream sent.
-    sent: Mutex<Option<String>>,
+    /// The status notifications that stream sent: (status, lastUpdatedAt).
+    sent: Mutex<Vec<(String, i64)>>,
 }
 
 impl Watch {
-    /// The stream sent a status notification of the task with `status`.
-    pub fn sent_status(&self, status: &str) {
-        *self.sent.lock().unwrap_or_else(|p| p.into_inner()) = Some(status.to_owned());
+    /// The stream sent a status notification of the task: `status` as of
+    /// `updated_at` (one change: the feed event has the same time).
+    pub fn sent_status(&self, status: &str, updated_at: i64) {
+        self.sent
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .push((status.to_owned(), updated_at));
     }
 }
 
@@ -88,8 +93,8 @@ impl Drop for Watch {
             }
         }
         drop(watched);
-        let sent = self.sent.lock().unwrap_or_else(|p| p.into_inner()).take();
-        if let Some(status) = sent {
+        let sent = std::mem::take(&mut *self.sent.lock().unwrap_or_else(|p| p.into_inner()));
+        if !sent.is_empty() {
             let mut delivered = self
                 .streams
                 .delivered
@@ -103,9 +108,11 @@ impl Drop for Watch {
                     .retain(|_, at| now.duration_since(*at) < DELIVERED_KEEP);
                 delivered.swept = now;
             }
-            delivered
-                .entries
-                .insert((self.task_id.clone(), status), now);
+            for (status, at) in sent {
+                delivered
+                    .entries
+                    .insert((self.task_id.clone(), status, at), now);
+            }
         }
     }
 }
@@ -134,13 +141,13 @@ impl SessionStreams {
         Watch {
             streams: self.clone(),
             task_id: task_id.to_owned(),
-            sent: Mutex::new(None),
+            sent: Mutex::new(Vec::new()),
         }
     }
 
     /// Whether a tasks/result stream has (or had, ahead of the feed) the
-    /// change of `task_id` to `status`.
-    fn is_watched(&self, task_id: &str, status: &str) -> bool {
+    /// change of `task_id` to `status` at `at`.
+    fn is_watched(&self, task_id: &str, status: &str, at: i64) -> bool {
         if self
             .watched
             .lock()
@@ -155,7 +162,7 @@ impl SessionStreams {
         }
         delivered
             .entries
-            .remove(&(task_id.to_owned(), status.to_owned()))
+            .remove(&(task_id.to_owned(), status.to_owned(), at))
             .is_some()
     }
 
@@ -216,7 +223,8 @@ pub fn spawn_status_notifier(
             let FeedEvent::Status(change) = event.as_ref() else {
                 continue;
             };
-            if streams.is_watched(&change.task_id, &change.to_status) || !streams.has(&change.owner)
+            if streams.is_watched(&change.task_id, &change.to_status, change.at)
+                || !streams.has(&change.owner)
             {
                 continue;
             }

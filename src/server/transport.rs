@@ -92,16 +92,7 @@ pub async fn mcp(State(state): State<AppState>, request: Request) -> Response {
                 .to_owned();
             tracing::info!(target: "audit", event = "auth.refused", reason = %e, client, token_id,
                            "audit: refused");
-            let mut r = http_error(StatusCode::UNAUTHORIZED, -32001, &e.to_string());
-            let challenge = match e {
-                AuthError::Invalid => "Bearer realm=\"taskbroker\", error=\"invalid_token\"",
-                _ => "Bearer realm=\"taskbroker\"",
-            };
-            r.headers_mut().insert(
-                header::WWW_AUTHENTICATE,
-                HeaderValue::from_static(challenge),
-            );
-            return r;
+            return unauthorized(&e);
         }
     };
     // T-38: a request rate per principal (per client address without one).
@@ -187,6 +178,20 @@ fn accepts(headers: &HeaderMap, media: &str) -> bool {
         let m = part.split(';').next().unwrap_or("").trim();
         m.eq_ignore_ascii_case(media) || m == "*/*"
     })
+}
+
+/// 401 with a Bearer challenge (H-13).
+fn unauthorized(e: &AuthError) -> Response {
+    let mut r = http_error(StatusCode::UNAUTHORIZED, -32001, &e.to_string());
+    let challenge = match e {
+        AuthError::Invalid => "Bearer realm=\"taskbroker\", error=\"invalid_token\"",
+        _ => "Bearer realm=\"taskbroker\"",
+    };
+    r.headers_mut().insert(
+        header::WWW_AUTHENTICATE,
+        HeaderValue::from_static(challenge),
+    );
+    r
 }
 
 /// The session a request names, or the response that refuses it (H-5, H-6).
@@ -358,6 +363,22 @@ async fn initialize(
     params: Option<&Value>,
     principal: Option<&Principal>,
 ) -> Response {
+    // A new session without a token: whether tokens exist is read afresh
+    // here, whatever the request's headers let the first look reuse.
+    if principal.is_none() {
+        match state.broker.store().tokens_exist().await {
+            Ok(false) => {}
+            Ok(true) => {
+                tracing::info!(target: "audit", event = "auth.refused", reason = %AuthError::Missing,
+                               "audit: refused");
+                return unauthorized(&AuthError::Missing);
+            }
+            Err(e) => {
+                tracing::error!(error = %e, "token check failed");
+                return http_error(StatusCode::INTERNAL_SERVER_ERROR, -32603, "Internal error");
+            }
+        }
+    }
     let params: InitializeParams = match parse_params("initialize", params) {
         Ok(p) => p,
         Err(e) => return json_response(StatusCode::OK, &error_response(Some(id), &e)),

@@ -129,6 +129,22 @@ impl Store {
         Ok(())
     }
 
+    /// Undo a claim whose jobs never started (their pool stopped before it
+    /// got them): queued again as before the claim, the attempt not
+    /// counted. Fenced by the lease token; returns whether it was undone.
+    pub async fn job_unclaim(&self, task_seq: i64, lease_token: &str) -> Result<bool, StoreError> {
+        let undone = sqlx::query!(
+            "UPDATE jobs SET state = 'queued', attempt = attempt - 1, lease_owner = NULL,
+                    lease_token = NULL, lease_expires_at = NULL
+              WHERE task_seq = ? AND lease_token = ? AND state = 'running' AND attempt > 0",
+            task_seq,
+            lease_token
+        )
+        .execute(&self.write)
+        .await?;
+        Ok(undone.rows_affected() == 1)
+    }
+
     /// Whether any job could be claimed now (a read: no write lock taken).
     pub async fn job_any_runnable(&self, now: i64) -> Result<bool, StoreError> {
         let found = sqlx::query_scalar!(

@@ -143,6 +143,7 @@ impl WorkerPool {
         // the jobs themselves), so it leaves the feed alone (another server
         // on the same file would be found within `idle_max`).
         let mut created = self.feed.tasks_created();
+        let mut commits = self.feed.commits();
         let feed_wakes = self.config.kind != "embedded";
         loop {
             while jobs.try_join_next().is_some() {}
@@ -157,7 +158,10 @@ impl WorkerPool {
                         continue;
                     }
                     _ = self.job_queued.notified() => { idle = IDLE_MIN; certain = true; }
-                    Ok(()) = created.changed(), if feed_wakes => { idle = IDLE_MIN; certain = false; }
+                    Ok(()) = created.changed(), if feed_wakes => { idle = IDLE_MIN; certain = true; }
+                    // A job given back or rescued elsewhere makes no task
+                    // event: any commit is worth a look (a read first).
+                    Ok(()) = commits.changed(), if feed_wakes => { idle = IDLE_MIN; certain = false; }
                     _ = tokio::time::sleep(idle) => {
                         idle = (idle * 2).min(self.config.idle_max);
                         certain = false;
@@ -176,6 +180,7 @@ impl WorkerPool {
                 },
             };
             created.borrow_and_update();
+            commits.borrow_and_update();
             // Every slot is held before the claim: the writer's hand-off
             // takes slots too, and a claimed job must never lack one.
             let mut permits = vec![first];
@@ -488,7 +493,9 @@ impl WorkerPool {
             .await
         {
             Ok(()) => {
-                self.feed.kick();
+                // A second request while already input_required changes no
+                // status (no feed event): tell this process's waiters here.
+                self.feed.written(&job.task_id);
                 tracing::info!(task_id = %job.task_id, method, request_id = %message.request_id, "task asks the client: input_required");
                 Ok(message.request_id)
             }
