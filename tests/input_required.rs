@@ -456,3 +456,56 @@ async fn t31_a_status_notification_is_sent_on_one_stream_only() {
         "no duplicate on the GET stream: {next}"
     );
 }
+
+/// Covers T-26: a task with two requests out at once (the second made
+/// while it is already input_required, which changes no status) gets both
+/// to the client on its tasks/result stream; with the tool in the server
+/// and in a worker process.
+#[tokio::test]
+async fn t26_two_requests_at_once_both_reach_the_waiting_client() {
+    for flags in [&["--workers", "2"][..], &["--workers", "0"][..]] {
+        let server = Server::start(flags);
+        let _w = (flags[1] == "0").then(|| WorkerProc::start(&server, 0, &["--lease", "5"]));
+        let mut c = elicit_client(&server).await;
+        let t = c
+            .call_task(
+                "approve",
+                json!({"question": "Deploy?", "also": "Migrate?"}),
+            )
+            .await;
+        let id = t["taskId"].as_str().unwrap().to_owned();
+        let (mut sse, first) = open_result(&mut c, &id).await;
+        let second = tokio::time::timeout(Duration::from_secs(20), async {
+            loop {
+                let (_, m) = sse
+                    .next_message()
+                    .await
+                    .expect("the second request before the stream ends");
+                if m.get("method").is_some() && m.get("id").is_some() && m["id"] != first["id"] {
+                    break m;
+                }
+            }
+        })
+        .await
+        .unwrap_or_else(|_| panic!("{flags:?}: the second request never reached the stream"));
+        let mut questions = vec![
+            first["params"]["message"].as_str().unwrap().to_owned(),
+            second["params"]["message"].as_str().unwrap().to_owned(),
+        ];
+        questions.sort();
+        assert_eq!(questions, ["Deploy?", "Migrate?"], "{flags:?}");
+        for request in [&first, &second] {
+            answer(
+                &c,
+                request,
+                json!({"action": "accept", "content": {"approved": true}}),
+            )
+            .await;
+        }
+        let response = final_response(&mut sse).await;
+        assert_eq!(
+            response["result"]["content"][0]["text"], "approved",
+            "{flags:?}"
+        );
+    }
+}

@@ -177,7 +177,10 @@ impl Approve {
                     .into(),
                 input_schema: json!({
                     "type": "object",
-                    "properties": { "question": { "type": "string", "description": "What to approve." } },
+                    "properties": {
+                        "question": { "type": "string", "description": "What to approve." },
+                        "also": { "type": "string", "description": "A second question, asked at the same time; approved only if both are." }
+                    },
                     "required": ["question"],
                     "additionalProperties": false
                 }),
@@ -206,19 +209,35 @@ impl Tool for Approve {
                 .get("question")
                 .and_then(Value::as_str)
                 .unwrap_or_default();
-            let params = json!({
-                "mode": "form",
-                "message": question,
-                "requestedSchema": {
-                    "type": "object",
-                    "properties": {
-                        "approved": { "type": "boolean", "title": "Approve?", "description": question }
-                    },
-                    "required": ["approved"]
+            let ask = |question: &str| {
+                json!({
+                    "mode": "form",
+                    "message": question,
+                    "requestedSchema": {
+                        "type": "object",
+                        "properties": {
+                            "approved": { "type": "boolean", "title": "Approve?", "description": question }
+                        },
+                        "required": ["approved"]
+                    }
+                })
+            };
+            let answers = match arguments.get("also").and_then(Value::as_str) {
+                None => ctx
+                    .request("elicitation/create", ask(question))
+                    .await
+                    .map(|a| vec![a]),
+                // Both requests are out at once.
+                Some(also) => {
+                    let (first, second) = tokio::join!(
+                        ctx.request("elicitation/create", ask(question)),
+                        ctx.request("elicitation/create", ask(also))
+                    );
+                    first.and_then(|a| second.map(|b| vec![a, b]))
                 }
-            });
-            let answer = match ctx.request("elicitation/create", params).await {
-                Ok(answer) => answer,
+            };
+            let answers = match answers {
+                Ok(answers) => answers,
                 Err(e) => {
                     return ToolOutcome::tool_error(format!(
                         "could not ask the user: {}",
@@ -226,13 +245,17 @@ impl Tool for Approve {
                     ));
                 }
             };
-            let action = answer
-                .get("action")
-                .and_then(Value::as_str)
-                .unwrap_or("cancel")
+            // The first answer that is not an acceptance decides the action.
+            let action = answers
+                .iter()
+                .map(|a| a.get("action").and_then(Value::as_str).unwrap_or("cancel"))
+                .find(|action| *action != "accept")
+                .unwrap_or("accept")
                 .to_owned();
             let approved = action == "accept"
-                && answer.pointer("/content/approved").and_then(Value::as_bool) == Some(true);
+                && answers
+                    .iter()
+                    .all(|a| a.pointer("/content/approved").and_then(Value::as_bool) == Some(true));
             let text = match (action.as_str(), approved) {
                 ("accept", true) => "approved".to_owned(),
                 ("accept", false) => "not approved".to_owned(),
