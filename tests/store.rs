@@ -2749,3 +2749,30 @@ async fn write_batch_claim_sees_jobs_created_in_the_same_batch() {
         "running"
     );
 }
+
+/// A claim undone (its pool stopped before it got the job): queued again,
+/// the attempt not counted, fenced by the lease token.
+#[tokio::test]
+async fn job_unclaim_queues_again_without_counting_the_attempt() {
+    let db = TestDb::new().await;
+    let raw = db.raw().await;
+    let row = db
+        .store
+        .task_create(&new_task("t", "alice"), Some(JOB), None, T0)
+        .await
+        .unwrap();
+    claim_one(&db.store, "w1", "lease-1", T0 + 1).await;
+    assert!(
+        !db.store
+            .job_unclaim(row.seq, "not-the-lease")
+            .await
+            .unwrap()
+    );
+    assert!(db.store.job_unclaim(row.seq, "lease-1").await.unwrap());
+    let j = job(&raw, row.seq).await.unwrap();
+    assert_eq!(j.state, "queued");
+    assert_eq!(j.lease_token, None);
+    assert!(!db.store.job_unclaim(row.seq, "lease-1").await.unwrap());
+    let again = claim_one(&db.store, "w2", "lease-2", T0 + 2).await;
+    assert_eq!(again.attempt, 1, "the undone claim did not count");
+}

@@ -62,11 +62,8 @@ pub struct Feed {
     kick: Arc<Notify>,
     /// Poked after this process commits; watched for other processes' pokes.
     wake: Arc<OnceLock<WakeFile>>,
-    /// Counts the batches of new tasks the tailer saw (any process): a job
-    /// may be waiting for a worker.
-    created: watch::Sender<u64>,
-    /// Counts the commits the tailer saw (any process): a job may have been
-    /// queued again (released, rescued) without any task event.
+    /// Counts the commits the tailer saw (any process): a job may be
+    /// waiting for a worker (a new task, or one released or rescued).
     commits: watch::Sender<u64>,
 }
 
@@ -80,7 +77,6 @@ impl Feed {
             next_watch: Arc::default(),
             kick: Arc::new(Notify::new()),
             wake: Arc::new(OnceLock::new()),
-            created: watch::Sender::new(0),
             commits: watch::Sender::new(0),
         }
     }
@@ -123,12 +119,6 @@ impl Feed {
         let _ = self.events.send(event);
     }
 
-    /// Watch tasks being created (any process): `changed()` resolves once
-    /// a task was created after the receiver last looked.
-    pub fn tasks_created(&self) -> watch::Receiver<u64> {
-        self.created.subscribe()
-    }
-
     /// Watch commits (any process): `changed()` resolves once the tailer saw
     /// one after the receiver last looked.
     pub fn commits(&self) -> watch::Receiver<u64> {
@@ -145,10 +135,9 @@ impl Feed {
     }
 
     /// Tell this process's waiters that the status of `task_id` was just
-    /// committed here, and kick the tailer.
+    /// committed here (the caller kicks the tailer, once per commit).
     pub fn written(&self, task_id: &str) {
         self.publish(FeedEvent::Written(Arc::from(task_id)));
-        self.kick();
     }
 
     /// Start the tailer: it runs until `shutdown`.
@@ -237,9 +226,6 @@ impl Feed {
                     match store.task_events_since(&mut conn, last_id, BATCH).await {
                         Ok(rows) => {
                             let n = rows.len();
-                            if rows.iter().any(|r| r.from_status.is_none()) {
-                                feed.created.send_modify(|n| *n += 1);
-                            }
                             for row in rows {
                                 last_id = row.id;
                                 feed.publish(FeedEvent::Status(row));

@@ -423,9 +423,9 @@ impl Broker {
             max_attempts: tool.definition().max_attempts.max(1),
             priority: 0,
         });
-        // The writer hands the job to this process's pool, or wakes it.
+        // The writer hands the job to this process's pool, or wakes it, and
+        // kicks the feed.
         let row = self.writer.create(new, job, refused).await?;
-        self.feed.kick();
         tracing::info!(task_id = %row.task_id, tool = name, ttl_ms = ?ttl_ms, "task created");
         Ok(task_from_row(&row))
     }

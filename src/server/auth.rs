@@ -13,7 +13,6 @@ use base64::engine::general_purpose::URL_SAFE_NO_PAD;
 use sha2::{Digest, Sha256};
 use subtle::ConstantTimeEq;
 
-use super::transport::SESSION_HEADER;
 use crate::clock::now_ms;
 use crate::store::{Store, StoreError};
 
@@ -77,24 +76,22 @@ pub fn check_query(uri: &Uri) -> Result<(), AuthError> {
     }
 }
 
-/// How long a request on an open session may trust the last look at
-/// whether tokens exist.
+/// How long a request may trust the last look at whether tokens exist.
 const PRESENCE_FRESH: Duration = Duration::from_millis(20);
 
-/// Whether any token exists, as last read. A request without
-/// `Mcp-Session-Id` reads it afresh, and so does every `initialize` (the
-/// transport checks again), so once `token create` returns no new session
-/// opens without a token. Other requests reuse a look up to
-/// [`PRESENCE_FRESH`] old: without this, every unauthenticated request cost
-/// a query.
+/// Whether any token exists, as last read. Requests reuse a look up to
+/// [`PRESENCE_FRESH`] old (without this, every unauthenticated request cost
+/// a query); `initialize` asks for a fresh one, so once `token create`
+/// returns no new session opens without a token.
 #[derive(Debug, Default)]
 pub struct TokenPresence {
     last: Mutex<Option<(Instant, bool)>>,
 }
 
 impl TokenPresence {
-    async fn tokens_exist(&self, store: &Store, on_session: bool) -> Result<bool, StoreError> {
-        if on_session {
+    /// Whether tokens exist: read afresh if `fresh`, else maybe the last look.
+    pub async fn tokens_exist(&self, store: &Store, fresh: bool) -> Result<bool, StoreError> {
+        if !fresh {
             let last = *self.last.lock().unwrap_or_else(|e| e.into_inner());
             if let Some((at, exist)) = last
                 && at.elapsed() < PRESENCE_FRESH
@@ -121,8 +118,7 @@ pub async fn authenticate(
         .map(|v| v.to_str().map_err(|_| AuthError::Invalid))
         .transpose()?;
     let Some(value) = presented else {
-        let on_session = headers.contains_key(SESSION_HEADER);
-        return if presence.tokens_exist(store, on_session).await? {
+        return if presence.tokens_exist(store, false).await? {
             Err(AuthError::Missing)
         } else {
             Ok(None)

@@ -363,10 +363,13 @@ async fn initialize(
     params: Option<&Value>,
     principal: Option<&Principal>,
 ) -> Response {
-    // A new session without a token: whether tokens exist is read afresh
-    // here, whatever the request's headers let the first look reuse.
+    // A new session without a token: whether tokens exist is read afresh.
     if principal.is_none() {
-        match state.broker.store().tokens_exist().await {
+        match state
+            .token_presence
+            .tokens_exist(state.broker.store(), true)
+            .await
+        {
             Ok(false) => {}
             Ok(true) => {
                 tracing::info!(target: "audit", event = "auth.refused", reason = %AuthError::Missing,

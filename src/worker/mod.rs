@@ -142,7 +142,6 @@ impl WorkerPool {
         // embedded pool hears of its server's own at once (`job_queued`, or
         // the jobs themselves), so it leaves the feed alone (another server
         // on the same file would be found within `idle_max`).
-        let mut created = self.feed.tasks_created();
         let mut commits = self.feed.commits();
         let feed_wakes = self.config.kind != "embedded";
         loop {
@@ -158,9 +157,8 @@ impl WorkerPool {
                         continue;
                     }
                     _ = self.job_queued.notified() => { idle = IDLE_MIN; certain = true; }
-                    Ok(()) = created.changed(), if feed_wakes => { idle = IDLE_MIN; certain = true; }
-                    // A job given back or rescued elsewhere makes no task
-                    // event: any commit is worth a look (a read first).
+                    // A job created, given back or rescued elsewhere: any
+                    // commit is worth a look (a read first).
                     Ok(()) = commits.changed(), if feed_wakes => { idle = IDLE_MIN; certain = false; }
                     _ = tokio::time::sleep(idle) => {
                         idle = (idle * 2).min(self.config.idle_max);
@@ -179,7 +177,6 @@ impl WorkerPool {
                     Err(_) => break,
                 },
             };
-            created.borrow_and_update();
             commits.borrow_and_update();
             // Every slot is held before the claim: the writer's hand-off
             // takes slots too, and a claimed job must never lack one.
@@ -496,6 +493,7 @@ impl WorkerPool {
                 // A second request while already input_required changes no
                 // status (no feed event): tell this process's waiters here.
                 self.feed.written(&job.task_id);
+                self.feed.kick();
                 tracing::info!(task_id = %job.task_id, method, request_id = %message.request_id, "task asks the client: input_required");
                 Ok(message.request_id)
             }
@@ -567,7 +565,6 @@ impl WorkerPool {
                 .await
             {
                 Ok(took) => {
-                    self.feed.kick();
                     tracing::info!(task_id = %job.task_id, status = record.status, recorded = took,
                                    elapsed_ms = started.elapsed().as_millis() as u64, "task completed");
                     return;
