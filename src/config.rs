@@ -16,8 +16,7 @@ use toml::Spanned;
 use crate::tools::{CommandSpec, CommandTool, TaskSupport, Tool, ToolDefinition};
 
 /// A config file that could not be used.
-#[derive(Debug, thiserror::Error)]
-#[error("{file}:{line}: {reason}")]
+#[derive(Debug)]
 pub struct ConfigError {
     /// The file.
     pub file: String,
@@ -26,6 +25,17 @@ pub struct ConfigError {
     /// What is wrong.
     pub reason: String,
 }
+
+impl std::fmt::Display for ConfigError {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self.line {
+            0 => write!(f, "{}: {}", self.file, self.reason),
+            line => write!(f, "{}:{line}: {}", self.file, self.reason),
+        }
+    }
+}
+
+impl std::error::Error for ConfigError {}
 
 /// A duration: a number of seconds, or text such as "90s", "2h", "500ms".
 #[derive(Debug, Clone, Deserialize)]
@@ -161,6 +171,9 @@ pub struct Config {
     pub file: ConfigFile,
     /// Command tools, validated.
     pub tools: Vec<Arc<dyn Tool>>,
+    /// The file as named on the command line (for messages).
+    given: Option<PathBuf>,
+    /// The same, absolute: relative paths inside resolve against its folder.
     path: Option<PathBuf>,
     text: String,
 }
@@ -178,17 +191,29 @@ const DEFAULT_MAX_OUTPUT: usize = 1024 * 1024;
 const DEFAULT_KILL_GRACE: Duration = Duration::from_secs(5);
 
 impl Config {
-    /// Load and validate `path`.
+    /// Load and validate `path`. Relative paths inside the file (commands,
+    /// working directories) are resolved here, once, against the file's own
+    /// folder made absolute, so what the start-up check verified is exactly
+    /// what runs, whatever the working directory of the tool.
     pub fn load(path: &Path) -> Result<Self, ConfigError> {
-        let text = std::fs::read_to_string(path).map_err(|e| ConfigError {
+        let unreadable = |reason: String| ConfigError {
             file: path.display().to_string(),
             line: 0,
-            reason: format!("cannot read: {e}"),
+            reason,
+        };
+        let text = std::fs::read_to_string(path).map_err(|e| {
+            unreadable(match e.kind() {
+                std::io::ErrorKind::NotFound => "no such file".to_owned(),
+                std::io::ErrorKind::IsADirectory => "is a directory, not a config file".to_owned(),
+                _ => format!("cannot read: {e}"),
+            })
         })?;
+        let absolute = std::path::absolute(path).map_err(|e| unreadable(e.to_string()))?;
         let mut config = Self {
             file: ConfigFile::default(),
             tools: Vec::new(),
-            path: Some(path.to_owned()),
+            given: Some(path.to_owned()),
+            path: Some(absolute),
             text,
         };
         config.file = toml::from_str(&config.text).map_err(|e| {
@@ -225,7 +250,7 @@ impl Config {
     fn error(&self, line: usize, reason: impl Into<String>) -> ConfigError {
         ConfigError {
             file: self
-                .path
+                .given
                 .as_deref()
                 .map(|p| p.display().to_string())
                 .unwrap_or_else(|| "<none>".into()),
@@ -364,8 +389,12 @@ impl Config {
         };
         let path = if program.contains('/') {
             let p = PathBuf::from(program);
-            let p = if p.is_relative() {
-                self.base_dir().join(p)
+            let p: PathBuf = if p.is_relative() {
+                // "./tools/x.py" -> "<folder>/tools/x.py": absolute, tidy.
+                let inside = p
+                    .components()
+                    .filter(|c| *c != std::path::Component::CurDir);
+                self.base_dir().components().chain(inside).collect()
             } else {
                 p
             };
