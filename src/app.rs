@@ -161,9 +161,10 @@ impl Core {
 
 /// Run a broker until SIGINT/SIGTERM.
 pub async fn serve(config: ServeConfig) -> anyhow::Result<()> {
-    let store = Store::open(&config.db, config.durability)
-        .await
-        .with_context(|| format!("opening database {}", config.db.display()))?;
+    // The address first: a broker that cannot listen must not have started
+    // claiming jobs it would then abandon.
+    let listener = bind(config.listen).await?;
+    let store = Store::open(&config.db, config.durability).await?;
     let core = Core::start(
         store.clone(),
         config.tools.clone(),
@@ -179,9 +180,6 @@ pub async fn serve(config: ServeConfig) -> anyhow::Result<()> {
         tokio::spawn(pool.run(stopping.clone()))
     });
 
-    let listener = tokio::net::TcpListener::bind(config.listen)
-        .await
-        .with_context(|| format!("binding {}", config.listen))?;
     let local_addr = listener.local_addr()?;
     let session_streams = Arc::new(SessionStreams::default());
     let notifier = spawn_status_notifier(
@@ -210,7 +208,7 @@ pub async fn serve(config: ServeConfig) -> anyhow::Result<()> {
     };
     let app = crate::server::router(state);
     // Scripts and tests read this line to learn the port.
-    println!("taskbroker listening on http://{local_addr}/mcp");
+    crate::logging::stdout_line(&format!("taskbroker listening on http://{local_addr}/mcp"));
     tracing::info!(%local_addr, db = %config.db.display(), workers = config.workers,
                    lease_s = config.lease.as_secs_f64(), "broker started");
 
@@ -258,9 +256,7 @@ pub async fn serve(config: ServeConfig) -> anyhow::Result<()> {
 /// Run a worker process until SIGINT/SIGTERM: claims jobs from the
 /// database, runs their tools, records their outcomes. Never migrates.
 pub async fn work(config: WorkConfig) -> anyhow::Result<()> {
-    let store = Store::open_existing(&config.db, config.durability)
-        .await
-        .with_context(|| format!("opening database {}", config.db.display()))?;
+    let store = Store::open_existing(&config.db, config.durability).await?;
     let core = Core::start(
         store,
         config.tools.clone(),
@@ -280,6 +276,25 @@ pub async fn work(config: WorkConfig) -> anyhow::Result<()> {
     core.stop().await;
     tracing::info!("worker stopped");
     Ok(())
+}
+
+/// Listen on `addr`, or say why not and what to do.
+async fn bind(addr: SocketAddr) -> anyhow::Result<tokio::net::TcpListener> {
+    tokio::net::TcpListener::bind(addr).await.map_err(|e| {
+        let hint = match e.kind() {
+            std::io::ErrorKind::AddrInUse => {
+                " (is another taskbroker running there? choose another address with --listen)"
+            }
+            std::io::ErrorKind::AddrNotAvailable => {
+                " (no interface of this machine has that address: check --listen)"
+            }
+            std::io::ErrorKind::PermissionDenied => {
+                " (ports below 1024 need privileges: choose another with --listen)"
+            }
+            _ => "",
+        };
+        anyhow::anyhow!("cannot listen on {addr}: {e}{hint}")
+    })
 }
 
 async fn wait_for_signal() {
@@ -305,7 +320,5 @@ async fn wait_for_signal() {
 
 /// Apply migrations to `db` and report how many ran.
 pub async fn migrate(db: &std::path::Path) -> anyhow::Result<usize> {
-    Store::migrate(db)
-        .await
-        .with_context(|| format!("migrating {}", db.display()))
+    Ok(Store::migrate(db).await?)
 }

@@ -22,6 +22,8 @@
 //!   the demo tools.
 //! - [`store`]: every SQL statement, and the migrations runner.
 //! - [`config`]: the `taskbroker.toml` file: settings and command tools.
+//! - [`logging`]: stderr logging that loses lines, never the process, when
+//!   stderr is closed.
 //! - [`clock`]: wall-clock milliseconds, the unit of every stored time.
 //! - [`client`]: the command-line MCP client (`taskbroker call`, `taskbroker
 //!   tasks`) over Streamable HTTP. Talks to a broker only through `/mcp`.
@@ -31,6 +33,7 @@ pub mod broker;
 pub mod client;
 pub mod clock;
 pub mod config;
+pub mod logging;
 pub mod mcp;
 pub mod server;
 pub mod store;

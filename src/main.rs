@@ -6,16 +6,17 @@ use std::path::PathBuf;
 use std::sync::Arc;
 use std::time::Duration;
 
-use anyhow::Context;
+use std::process::ExitCode;
+
 use clap::{Args, Parser, Subcommand};
 use taskbroker::app::{self, ServeConfig, WorkConfig};
 use taskbroker::broker::BrokerConfig;
 use taskbroker::client;
 use taskbroker::config::{Config, DurationValue};
+use taskbroker::logging;
 use taskbroker::server::ServerConfig;
 use taskbroker::store::Durability;
 use taskbroker::tools::{Tool, conformance_tools, demo_tools};
-use tracing_subscriber::EnvFilter;
 
 /// A durable MCP task broker: tasks, results and history in SQLite.
 #[derive(Debug, Parser)]
@@ -393,34 +394,63 @@ impl WorkerArgs {
     }
 }
 
-#[tokio::main]
-async fn main() -> anyhow::Result<()> {
+fn main() -> ExitCode {
     let cli = Cli::parse();
     // The client commands print their own output; logs only for warnings.
-    let default_filter = match cli.command {
+    logging::init(match cli.command {
         Command::Call(_) | Command::Tasks(_) => "warn",
-        _ => "info,sqlx=warn",
+        _ => logging::DEFAULT_FILTER,
+    });
+    let runtime = match tokio::runtime::Runtime::new() {
+        Ok(rt) => rt,
+        Err(e) => return fail(&anyhow::anyhow!("cannot start the async runtime: {e}")),
     };
-    tracing_subscriber::fmt()
-        .with_env_filter(
-            EnvFilter::try_from_default_env().unwrap_or_else(|_| EnvFilter::new(default_filter)),
-        )
-        .with_writer(std::io::stderr)
-        .with_ansi(std::io::IsTerminal::is_terminal(&std::io::stderr()))
-        .init();
-    match cli.command {
-        Command::Serve(args) => app::serve(args.into_config().context("configuration")?).await,
-        Command::Worker(args) => app::work(args.into_config().context("configuration")?).await,
+    match runtime.block_on(run(cli.command)) {
+        Ok(code) => code,
+        Err(e) => fail(&e),
+    }
+}
+
+/// A failure is one line on stderr, `taskbroker: <what>: <why> (<hint>)`,
+/// and exit status 1: no `Caused by:` list and no backtrace, whatever
+/// `RUST_BACKTRACE` says (backtraces are for panics).
+fn fail(e: &anyhow::Error) -> ExitCode {
+    let line = format!("taskbroker: {}\n", one_line(e));
+    let _ = std::io::Write::write_all(&mut std::io::stderr(), line.as_bytes());
+    ExitCode::FAILURE
+}
+
+/// An error and its causes joined with ": ", leaving out a cause whose
+/// text the line already holds (wrappers often repeat their source).
+fn one_line(e: &anyhow::Error) -> String {
+    let mut line = String::new();
+    for cause in e.chain() {
+        let text = cause.to_string();
+        if line.contains(&text) {
+            continue;
+        }
+        if !line.is_empty() {
+            line.push_str(": ");
+        }
+        line.push_str(&text);
+    }
+    line
+}
+
+async fn run(command: Command) -> anyhow::Result<ExitCode> {
+    match command {
+        Command::Serve(args) => app::serve(args.into_config()?).await?,
+        Command::Worker(args) => app::work(args.into_config()?).await?,
         Command::Migrate { db } => {
             let applied = app::migrate(&db).await?;
             println!("{}: {applied} migration(s) applied", db.display());
-            Ok(())
         }
         Command::Call(args) => std::process::exit(client::call(args).await.into()),
         Command::Tasks(args) => std::process::exit(client::tasks(args).await.into()),
-        Command::Token(cmd) => token(cmd).await,
+        Command::Token(cmd) => token(cmd).await?,
         Command::Bench(args) => std::process::exit(client::bench(args).await.into()),
     }
+    Ok(ExitCode::SUCCESS)
 }
 
 async fn token(cmd: TokenCommand) -> anyhow::Result<()> {

@@ -377,7 +377,8 @@ async fn worker_refuses_newer_or_older_schemas() {
     assert!(!out.status.success());
     let err = String::from_utf8_lossy(&out.stderr);
     assert!(
-        err.contains("version 99, newer than this taskbroker knows"),
+        err.contains("its schema (version 99) is newer than this taskbroker knows")
+            && err.contains("(upgrade taskbroker)"),
         "{err}"
     );
 
@@ -420,7 +421,8 @@ async fn worker_refuses_newer_or_older_schemas() {
     assert!(!out.status.success());
     let err = String::from_utf8_lossy(&out.stderr);
     assert!(
-        err.contains("older than this taskbroker's") && err.contains("taskbroker migrate"),
+        err.contains("older than this taskbroker's")
+            && err.contains(&format!("taskbroker migrate --db {}", old.display())),
         "{err}"
     );
     let files = std::fs::read_dir(concat!(env!("CARGO_MANIFEST_DIR"), "/migrations"))

@@ -577,7 +577,8 @@ fn log_request(
         method,
         task_id = task_id.unwrap_or("-"),
         status,
-        duration_ms = started.elapsed().as_secs_f64() * 1000.0,
+        // Rounded to 10 us: printed as 2.72, not 2.7215030000000002.
+        duration_ms = (started.elapsed().as_secs_f64() * 100_000.0).round() / 100.0,
         "request"
     );
 }

@@ -3,6 +3,8 @@
 
 use refinery::Migration;
 use refinery_core::traits::r#async::{AsyncMigrate, AsyncQuery, AsyncTransaction};
+use std::path::Path;
+
 use sqlx::sqlite::SqliteConnectOptions;
 use sqlx::{AssertSqlSafe, Connection, Row, SqliteConnection};
 use time::OffsetDateTime;
@@ -77,23 +79,33 @@ pub(super) fn known_version() -> i64 {
 /// Refuse a database whose schema is not exactly the one this build knows:
 /// newer needs a newer taskbroker; older (or none) needs `taskbroker
 /// migrate` (or `serve`), so that workers never race to migrate.
-pub(super) async fn check(conn: &mut SqliteConnection) -> Result<(), StoreError> {
+pub(super) async fn check(path: &Path, conn: &mut SqliteConnection) -> Result<(), StoreError> {
     let known = known_version();
-    let applied: Option<i64> =
+    let has_history: bool = sqlx::query_scalar(
+        "SELECT EXISTS (SELECT 1 FROM sqlite_master WHERE name = 'refinery_schema_history')",
+    )
+    .fetch_one(&mut *conn)
+    .await
+    .map_err(|e| super::open_failed(path, &e))?;
+    let applied: Option<i64> = if has_history {
         sqlx::query_scalar("SELECT MAX(version) FROM refinery_schema_history")
             .fetch_one(&mut *conn)
-            .await
-            .unwrap_or(None);
+            .await?
+    } else {
+        None
+    };
+    let db = path.display();
+    let schema = |reason: String| StoreError::Schema(format!("database {db}: {reason}"));
     match applied {
         Some(v) if v == known => Ok(()),
-        Some(v) if v > known => Err(StoreError::Schema(format!(
-            "the database schema is version {v}, newer than this taskbroker knows ({known}): upgrade taskbroker"
+        Some(v) if v > known => Err(schema(format!(
+            "its schema (version {v}) is newer than this taskbroker knows ({known}) (upgrade taskbroker)"
         ))),
-        Some(v) => Err(StoreError::Schema(format!(
-            "the database schema is version {v}, older than this taskbroker's ({known}): run `taskbroker migrate` (or start `taskbroker serve`) first"
+        Some(v) => Err(schema(format!(
+            "its schema (version {v}) is older than this taskbroker's ({known}) (run 'taskbroker migrate --db {db}', or start 'taskbroker serve --db {db}' once)"
         ))),
-        None => Err(StoreError::Schema(format!(
-            "the database has no taskbroker schema: run `taskbroker migrate` (or start `taskbroker serve`) first (schema version {known})"
+        None => Err(schema(format!(
+            "it has no taskbroker schema yet (run 'taskbroker migrate --db {db}', or start 'taskbroker serve --db {db}' once)"
         ))),
     }
 }
@@ -103,24 +115,36 @@ pub(super) async fn check(conn: &mut SqliteConnection) -> Result<(), StoreError>
 /// Two processes starting on a fresh file may race to apply the same
 /// migration: the loser's transaction fails, and a retry then finds the
 /// migration applied.
-pub(super) async fn run(options: &SqliteConnectOptions) -> Result<usize, StoreError> {
+pub(super) async fn run(path: &Path, options: &SqliteConnectOptions) -> Result<usize, StoreError> {
     let mut last_error = String::new();
     for attempt in 0..5u64 {
         if attempt > 0 {
             tokio::time::sleep(std::time::Duration::from_millis(50 * attempt)).await;
         }
-        let conn = SqliteConnection::connect_with(options).await?;
+        let conn = SqliteConnection::connect_with(options)
+            .await
+            .map_err(|e| super::open_failed(path, &e))?;
         let mut conn = SqlxMigrationConn(conn);
         match migrations::runner().run_async(&mut conn).await {
             Ok(report) => {
-                let applied = report.applied_migrations().len();
-                for m in report.applied_migrations() {
-                    tracing::info!(version = m.version(), name = m.name(), "migration applied");
+                let applied = report.applied_migrations();
+                if let (Some(first), Some(last)) = (applied.first(), applied.last()) {
+                    tracing::info!(db = %path.display(), applied = applied.len(),
+                                   from = first.version() - 1, to = last.version(),
+                                   "database schema migrated");
                 }
                 conn.0.close().await?;
-                return Ok(applied);
+                return Ok(applied.len());
             }
-            Err(e) => last_error = e.to_string(),
+            Err(e) => {
+                last_error = e.to_string();
+                // Only a race with another process migrating the same file
+                // is worth another try; anything else fails at once.
+                let race = last_error.contains("locked") || last_error.contains("UNIQUE");
+                if !race {
+                    return Err(super::open_failed(path, &last_error));
+                }
+            }
         }
     }
     Err(StoreError::Migrate(last_error))

@@ -56,6 +56,69 @@ pub enum StoreError {
     /// The database's schema is not the one this build knows.
     #[error("{0}")]
     Schema(String),
+    /// The database file cannot be used at all: the path names a
+    /// directory, a file that is not SQLite, a missing folder...
+    #[error("database {path}: {reason}")]
+    Open {
+        /// The path as given.
+        path: String,
+        /// What is wrong, and what to do.
+        reason: String,
+    },
+}
+
+impl StoreError {
+    fn open(path: &Path, reason: impl Into<String>) -> Self {
+        Self::Open {
+            path: path.display().to_string(),
+            reason: reason.into(),
+        }
+    }
+}
+
+/// Refuse, before SQLite sees it, a path that can never be a database
+/// file, with the reason SQLite would only hint at ("unable to open").
+fn check_path(path: &Path) -> Result<(), StoreError> {
+    if path.is_dir() {
+        return Err(StoreError::open(
+            path,
+            format!(
+                "is a directory (name a file in it, e.g. --db {})",
+                path.join("taskbroker.db").display()
+            ),
+        ));
+    }
+    let parent = path
+        .parent()
+        .filter(|p| !p.as_os_str().is_empty())
+        .unwrap_or(Path::new("."));
+    if !parent.is_dir() {
+        return Err(StoreError::open(
+            path,
+            format!(
+                "folder {} does not exist (create it first)",
+                parent.display()
+            ),
+        ));
+    }
+    Ok(())
+}
+
+/// An error from opening or first reading the database file, said plainly.
+fn open_failed(path: &Path, error: &dyn std::fmt::Display) -> StoreError {
+    let text = error.to_string();
+    let reason = if text.contains("file is not a database") {
+        "is not a SQLite database (file is not a database): is --db the right file?".to_owned()
+    } else if text.contains("unable to open database file") {
+        "cannot be opened (unable to open database file): check the path and its permissions"
+            .to_owned()
+    } else if text.contains("readonly database") || text.contains("read-only") {
+        "is read-only: the broker needs to write it (check its permissions and its folder's)"
+            .to_owned()
+    } else {
+        text
+    };
+    StoreError::open(path, reason)
 }
 
 /// How hard every commit is pushed to disk.
@@ -114,24 +177,31 @@ fn connect_options(path: &Path, durability: Durability) -> SqliteConnectOptions 
 impl Store {
     /// Open (creating if needed) and migrate the database at `path`.
     pub async fn open(path: &Path, durability: Durability) -> Result<Self, StoreError> {
+        check_path(path)?;
         let options = connect_options(path, durability);
-        migrate::run(&options).await?;
+        migrate::run(path, &options).await?;
         Self::connect(path, options).await
     }
 
     /// Open an existing database without migrating it (worker processes):
     /// refused unless its schema is exactly the one this build knows.
     pub async fn open_existing(path: &Path, durability: Durability) -> Result<Self, StoreError> {
+        check_path(path)?;
         if !path.exists() {
-            return Err(StoreError::Schema(format!(
-                "{} does not exist: run `taskbroker migrate --db {}` (or start `taskbroker serve`) first",
-                path.display(),
-                path.display()
-            )));
+            return Err(StoreError::open(
+                path,
+                format!(
+                    "does not exist (create it with 'taskbroker migrate --db {}', or start 'taskbroker serve --db {}' once)",
+                    path.display(),
+                    path.display()
+                ),
+            ));
         }
         let options = connect_options(path, durability).create_if_missing(false);
-        let mut conn = sqlx::SqliteConnection::connect_with(&options).await?;
-        migrate::check(&mut conn).await?;
+        let mut conn = sqlx::SqliteConnection::connect_with(&options)
+            .await
+            .map_err(|e| open_failed(path, &e))?;
+        migrate::check(path, &mut conn).await?;
         conn.close().await?;
         Self::connect(path, options).await
     }
@@ -142,7 +212,8 @@ impl Store {
             .min_connections(1)
             .acquire_timeout(Duration::from_secs(60))
             .connect_with(options.clone())
-            .await?;
+            .await
+            .map_err(|e| open_failed(path, &e))?;
         let read = SqlitePoolOptions::new()
             .max_connections(4)
             .acquire_timeout(Duration::from_secs(60))
@@ -158,7 +229,8 @@ impl Store {
     /// Apply pending migrations to the database at `path` and report how
     /// many were applied.
     pub async fn migrate(path: &Path) -> Result<usize, StoreError> {
-        migrate::run(&connect_options(path, Durability::Full)).await
+        check_path(path)?;
+        migrate::run(path, &connect_options(path, Durability::Full)).await
     }
 
     /// The database file.
