@@ -1845,7 +1845,7 @@ async fn job_rescue_expired_fails_task_when_attempts_are_exhausted() {
     assert_eq!(j.finished_at, Some(r2));
     assert_eq!(
         j.last_error.as_deref(),
-        Some("lease expired; no attempts left")
+        Some("lease expired on attempt 2; no attempts left")
     );
     assert_eq!(
         history(&raw, "t-1").await,
@@ -2666,9 +2666,11 @@ async fn write_batch_same_job_twice_second_is_fenced() {
     assert_eq!(get(&db.store, "t").await.status, "completed");
 }
 
-/// A job's new attempt (after its worker vanished) abandons what the old
+/// A job back in the queue (its worker vanished) abandons what the lost
 /// attempt asked the client and sets an input_required task working again
-/// (T-27), in the claim itself.
+/// (T-27), in the rescue itself, stamped with the rescuer's clock; while it
+/// waits, the task says it is queued and why; the next run starts with no
+/// stale message.
 #[tokio::test]
 async fn new_attempt_abandons_old_requests_and_resumes_working() {
     let db = TestDb::new().await;
@@ -2692,21 +2694,24 @@ async fn new_attempt_abandons_old_requests_and_resumes_working() {
         .unwrap();
     assert_eq!(get(&db.store, "t").await.status, "input_required");
     // The worker vanishes; its lease runs out; another claims the job.
-    let report = db
-        .store
-        .job_rescue_expired(0, T0 + LEASE_MS + 10)
-        .await
-        .unwrap();
+    let rescued_at = T0 + LEASE_MS + 10;
+    let report = db.store.job_rescue_expired(0, rescued_at).await.unwrap();
     assert_eq!(report.requeued, 1);
+    let task = get(&db.store, "t").await;
+    assert_eq!(task.status, "working");
+    assert_eq!(
+        task.status_message.as_deref(),
+        Some("queued: lease expired on attempt 1")
+    );
+    assert_eq!(task.updated_at, rescued_at, "T-13: the caller's clock");
     let again = claim_one(&db.store, "w2", "lease-2", T0 + LEASE_MS + 2_000).await;
     assert_eq!(again.attempt, 2);
     let task = get(&db.store, "t").await;
     assert_eq!(task.status, "working");
     assert_eq!(
-        task.status_message.as_deref(),
-        Some("running again (attempt 2)")
+        task.status_message, None,
+        "the new run has said nothing yet"
     );
-    assert!(task.updated_at >= T0 + 2, "T-13: never backwards");
     assert!(
         db.store
             .task_messages_pending("t")
@@ -2764,15 +2769,25 @@ async fn job_unclaim_queues_again_without_counting_the_attempt() {
     claim_one(&db.store, "w1", "lease-1", T0 + 1).await;
     assert!(
         !db.store
-            .job_unclaim(row.seq, "not-the-lease")
+            .job_unclaim(row.seq, "not-the-lease", T0 + 2)
             .await
             .unwrap()
     );
-    assert!(db.store.job_unclaim(row.seq, "lease-1").await.unwrap());
+    assert!(
+        db.store
+            .job_unclaim(row.seq, "lease-1", T0 + 2)
+            .await
+            .unwrap()
+    );
     let j = job(&raw, row.seq).await.unwrap();
     assert_eq!(j.state, "queued");
     assert_eq!(j.lease_token, None);
-    assert!(!db.store.job_unclaim(row.seq, "lease-1").await.unwrap());
+    assert!(
+        !db.store
+            .job_unclaim(row.seq, "lease-1", T0 + 2)
+            .await
+            .unwrap()
+    );
     let again = claim_one(&db.store, "w2", "lease-2", T0 + 2).await;
     assert_eq!(again.attempt, 1, "the undone claim did not count");
 }

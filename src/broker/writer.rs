@@ -266,7 +266,7 @@ async fn deliver(
         }
     }
     for job in orphans {
-        match store.job_unclaim(job.task_seq, token).await {
+        match store.job_unclaim(job.task_seq, token, now_ms()).await {
             Ok(_) => {
                 tracing::debug!(task_id = %job.task_id, "pool stopped: handed-off job queued again")
             }

@@ -102,10 +102,22 @@ impl Store {
         };
         match done {
             Ok(done) => {
+                let claimed: HashSet<i64> = done
+                    .iter()
+                    .filter_map(|d| match d {
+                        Done::Claim(Ok(jobs)) => Some(jobs.iter().map(|j| j.task_seq)),
+                        _ => None,
+                    })
+                    .flatten()
+                    .collect();
                 for (op, d) in ops.into_iter().zip(done) {
                     match (op, d) {
-                        (WriteOp::Create { reply, .. }, Done::Create(r)) => {
-                            let _ = reply.send(*r);
+                        (WriteOp::Create { reply, job, .. }, Done::Create(r)) => {
+                            let r = r.map(|row| {
+                                let queued = job.is_some() && !claimed.contains(&row.seq);
+                                super::tasks::as_served(row, queued)
+                            });
+                            let _ = reply.send(r);
                         }
                         (WriteOp::Complete { reply, .. }, Done::Complete(r)) => {
                             let _ = reply.send(r);
@@ -369,7 +381,8 @@ async fn complete_many(
         .collect();
     let leases = Value::Array(leases).to_string();
     let fenced: HashSet<i64> = sqlx::query_scalar!(
-        r#"UPDATE jobs SET state = 'done', lease_token = NULL, lease_expires_at = NULL, finished_at = ?1
+        r#"UPDATE jobs SET state = 'done', lease_token = NULL, lease_expires_at = NULL,
+                  finished_at = ?1, changed_at = ?1, last_error = NULL
              FROM (SELECT value ->> 'seq' AS seq, value ->> 'token' AS token FROM json_each(?2)) AS c
             WHERE jobs.task_seq = c.seq AND jobs.lease_token = c.token AND jobs.state = 'running'
            RETURNING task_seq AS "task_seq!""#,

@@ -115,8 +115,8 @@ impl Store {
     ) -> Result<(), StoreError> {
         let done = sqlx::query!(
             "UPDATE jobs SET state = 'done', lease_token = NULL, lease_expires_at = NULL,
-                    finished_at = ?, last_error = 'cancelled'
-              WHERE task_seq = ? AND lease_token = ? AND state = 'running'",
+                    finished_at = ?1, changed_at = ?1, last_error = 'cancelled'
+              WHERE task_seq = ?2 AND lease_token = ?3 AND state = 'running'",
             now,
             task_seq,
             lease_token
@@ -132,11 +132,18 @@ impl Store {
     /// Undo a claim whose jobs never started (their pool stopped before it
     /// got them): queued again as before the claim, the attempt not
     /// counted. Fenced by the lease token; returns whether it was undone.
-    pub async fn job_unclaim(&self, task_seq: i64, lease_token: &str) -> Result<bool, StoreError> {
+    pub async fn job_unclaim(
+        &self,
+        task_seq: i64,
+        lease_token: &str,
+        now: i64,
+    ) -> Result<bool, StoreError> {
         let undone = sqlx::query!(
             "UPDATE jobs SET state = 'queued', attempt = attempt - 1, lease_owner = NULL,
-                    lease_token = NULL, lease_expires_at = NULL
-              WHERE task_seq = ? AND lease_token = ? AND state = 'running' AND attempt > 0",
+                    lease_token = NULL, lease_expires_at = NULL, changed_at = ?1,
+                    last_error = 'claimed by a pool that stopped before starting it (not counted)'
+              WHERE task_seq = ?2 AND lease_token = ?3 AND state = 'running' AND attempt > 0",
+            now,
             task_seq,
             lease_token
         )
@@ -156,65 +163,36 @@ impl Store {
         Ok(found)
     }
 
-    /// Give a running job back (graceful shutdown): queued again at once
-    /// while attempts remain, so another worker takes it without waiting for
-    /// the lease to expire; else its task fails saying why. Fenced by the
-    /// lease token. Returns true when the job was queued again.
+    /// Give a running job back (graceful shutdown): queued again at once,
+    /// so another worker takes it without waiting for the lease to expire,
+    /// and the interrupted run is not counted as an attempt (a planned
+    /// restart must not use up a task's attempts; only lost workers and the
+    /// tool's own failures count). A job whose task was cancelled meanwhile
+    /// is closed instead. Fenced by the lease token. Returns true when the
+    /// job was queued again.
     pub async fn job_release(
         &self,
         task_seq: i64,
         lease_token: &str,
         now: i64,
     ) -> Result<bool, StoreError> {
-        let mut tx = self.write.begin_with(BEGIN_IMMEDIATE).await?;
-        let requeued = sqlx::query!(
-            "UPDATE jobs SET state = 'queued', lease_owner = NULL, lease_token = NULL, lease_expires_at = NULL,
-                    run_after = ?, last_error = 'released by a stopping worker on attempt ' || attempt
-              WHERE task_seq = ? AND lease_token = ? AND state = 'running' AND attempt < max_attempts
-                AND cancel_requested = 0",
+        let requeued = sqlx::query_scalar!(
+            r#"UPDATE jobs SET state = CASE WHEN cancel_requested = 1 THEN 'done' ELSE 'queued' END,
+                    attempt = CASE WHEN cancel_requested = 1 THEN attempt ELSE attempt - 1 END,
+                    lease_owner = NULL, lease_token = NULL, lease_expires_at = NULL,
+                    run_after = ?1, changed_at = ?1,
+                    finished_at = CASE WHEN cancel_requested = 1 THEN ?1 ELSE finished_at END,
+                    last_error = CASE WHEN cancel_requested = 1 THEN 'cancelled'
+                                      ELSE 'released by a stopping worker (attempt ' || attempt || ' not counted)' END
+              WHERE task_seq = ?2 AND lease_token = ?3 AND state = 'running'
+             RETURNING state = 'queued' AS "requeued!: bool""#,
             now,
             task_seq,
             lease_token
         )
-        .execute(&mut *tx)
-        .await?
-        .rows_affected();
-        if requeued == 1 {
-            tx.commit().await?;
-            return Ok(true);
-        }
-        let closed = sqlx::query!(
-            "UPDATE jobs SET state = 'done', lease_token = NULL, lease_expires_at = NULL, finished_at = ?,
-                    last_error = 'worker stopped during the last attempt'
-              WHERE task_seq = ? AND lease_token = ? AND state = 'running'",
-            now,
-            task_seq,
-            lease_token
-        )
-        .execute(&mut *tx)
-        .await?
-        .rows_affected();
-        if closed == 0 {
-            tx.rollback().await?;
-            return Err(StoreError::LeaseLost);
-        }
-        sqlx::query!(
-            r#"UPDATE tasks
-                  SET status = 'failed',
-                      status_message = 'worker stopped during attempt ' || j.attempt || ' of ' || j.max_attempts || '; no attempts left',
-                      result = json_object('code', -32603,
-                                           'message', 'Task failed: its worker stopped during the last allowed attempt'),
-                      result_kind = 'error',
-                      updated_at = MAX(tasks.updated_at, ?)
-                 FROM jobs j
-                WHERE j.task_seq = tasks.seq AND tasks.seq = ? AND tasks.status IN ('working', 'input_required')"#,
-            now,
-            task_seq
-        )
-        .execute(&mut *tx)
+        .fetch_optional(&self.write)
         .await?;
-        tx.commit().await?;
-        Ok(false)
+        requeued.ok_or(StoreError::LeaseLost)
     }
 
     /// Take back every job whose lease expired (its worker died or hung):
@@ -246,12 +224,12 @@ impl Store {
         .await?
         .rows_affected();
         let closed = sqlx::query!(
-            "UPDATE jobs SET state = 'done', lease_token = NULL, lease_expires_at = NULL, finished_at = ?,
+            "UPDATE jobs SET state = 'done', lease_token = NULL, lease_expires_at = NULL,
+                    finished_at = ?1, changed_at = ?1,
                     last_error = CASE WHEN cancel_requested = 1 THEN 'cancelled; worker lost'
-                                      ELSE 'lease expired; no attempts left' END
-              WHERE state = 'running' AND lease_expires_at <= ?
+                                      ELSE 'lease expired on attempt ' || attempt || '; no attempts left' END
+              WHERE state = 'running' AND lease_expires_at <= ?1
                 AND (attempt >= max_attempts OR cancel_requested = 1)",
-            now,
             now
         )
         .execute(&mut *tx)
@@ -259,12 +237,11 @@ impl Store {
         .rows_affected();
         let requeued = sqlx::query!(
             "UPDATE jobs SET state = 'queued', lease_owner = NULL, lease_token = NULL, lease_expires_at = NULL,
-                    run_after = ? + ? * attempt + abs(random() % 250),
+                    run_after = ?1 + ?2 * attempt + abs(random() % 250), changed_at = ?1,
                     last_error = 'lease expired on attempt ' || attempt
-              WHERE state = 'running' AND lease_expires_at <= ?",
+              WHERE state = 'running' AND lease_expires_at <= ?1",
             now,
-            backoff_ms,
-            now
+            backoff_ms
         )
         .execute(&mut *tx)
         .await?
@@ -288,8 +265,9 @@ pub(super) async fn complete_in(
     now: i64,
 ) -> Result<bool, StoreError> {
     let fenced = sqlx::query!(
-        "UPDATE jobs SET state = 'done', lease_token = NULL, lease_expires_at = NULL, finished_at = ?
-          WHERE task_seq = ? AND lease_token = ? AND state = 'running'",
+        "UPDATE jobs SET state = 'done', lease_token = NULL, lease_expires_at = NULL,
+                finished_at = ?1, changed_at = ?1, last_error = NULL
+          WHERE task_seq = ?2 AND lease_token = ?3 AND state = 'running'",
         now,
         task_seq,
         lease_token
@@ -329,7 +307,7 @@ pub(super) async fn claim_in(
     let mut jobs = sqlx::query_as!(
         ClaimedJob,
         r#"UPDATE jobs SET state = 'running', attempt = attempt + 1, lease_owner = ?1,
-                  lease_token = ?2, lease_expires_at = ?3
+                  lease_token = ?2, lease_expires_at = ?3, changed_at = ?4
             WHERE task_seq IN (SELECT task_seq FROM jobs
                                 WHERE state = 'queued' AND run_after <= ?4
                                 ORDER BY priority, task_seq LIMIT ?5)

@@ -146,7 +146,7 @@ impl Store {
         let mut tx = self.write.begin_with(BEGIN_IMMEDIATE).await?;
         let row = create_in(&mut tx, new, job, outcome, now).await?;
         tx.commit().await?;
-        Ok(row)
+        Ok(as_served(row, job.is_some()))
     }
 
     /// One task by id, whoever owns it (the caller checks ownership).
@@ -156,7 +156,7 @@ impl Store {
             r#"SELECT seq AS "seq!", task_id, owner, tool, arguments, status, status_message,
                       created_at, updated_at, ttl_ms, expires_at, poll_interval_ms,
                       progress_token, result, result_kind
-                 FROM tasks WHERE task_id = ?"#,
+                 FROM tasks_as_served WHERE task_id = ?"#,
             task_id
         )
         .fetch_optional(&self.read)
@@ -180,7 +180,7 @@ impl Store {
             r#"SELECT seq AS "seq!", task_id, owner, tool, arguments, status, status_message,
                       created_at, updated_at, ttl_ms, expires_at, poll_interval_ms,
                       progress_token, result, result_kind
-                 FROM tasks
+                 FROM tasks_as_served
                 WHERE owner = ? AND seq < ? AND (expires_at IS NULL OR expires_at > ?)
                 ORDER BY seq DESC
                 LIMIT ?"#,
@@ -230,9 +230,11 @@ impl Store {
         // its worker finishes it.
         sqlx::query!(
             "UPDATE jobs SET cancel_requested = 1,
-                    state = CASE WHEN state = 'queued' THEN 'done' ELSE state END,
-                    finished_at = CASE WHEN state = 'queued' THEN ? ELSE finished_at END
-              WHERE task_seq = ? AND state <> 'done'",
+                    last_error = CASE WHEN state = 'queued' THEN 'cancelled while queued' ELSE last_error END,
+                    changed_at = CASE WHEN state = 'queued' THEN ?1 ELSE changed_at END,
+                    finished_at = CASE WHEN state = 'queued' THEN ?1 ELSE finished_at END,
+                    state = CASE WHEN state = 'queued' THEN 'done' ELSE state END
+              WHERE task_seq = ?2 AND state <> 'done'",
             at,
             current.seq
         )
@@ -476,6 +478,17 @@ pub(super) async fn create_in(
     task_by_seq(conn, seq).await
 }
 
+/// A just-created row as reads of `tasks_as_served` will show it: while
+/// its job waits in the queue (`queued`: created with a job that no claim
+/// of the same commit took), a working task's statusMessage says so. The
+/// same rule as the view's, for rows returned by the insert itself.
+pub(super) fn as_served(mut row: TaskRow, queued: bool) -> TaskRow {
+    if queued && row.status == "working" {
+        row.status_message = Some("queued".to_owned());
+    }
+    row
+}
+
 pub(super) async fn task_by_seq(
     conn: &mut sqlx::SqliteConnection,
     seq: i64,
@@ -485,7 +498,7 @@ pub(super) async fn task_by_seq(
         r#"SELECT seq AS "seq!", task_id, owner, tool, arguments, status, status_message,
                   created_at, updated_at, ttl_ms, expires_at, poll_interval_ms,
                   progress_token, result, result_kind
-             FROM tasks WHERE seq = ?"#,
+             FROM tasks_as_served WHERE seq = ?"#,
         seq
     )
     .fetch_one(conn)

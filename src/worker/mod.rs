@@ -327,8 +327,8 @@ impl WorkerPool {
                 _ = release.cancelled() => {
                     cancel.cancel();
                     match self.store.job_release(job.task_seq, &job.lease_token, now_ms()).await {
-                        Ok(true) => tracing::info!(task_id = %job.task_id, "job released: queued for another worker"),
-                        Ok(false) => tracing::warn!(task_id = %job.task_id, "job released on its last attempt: task failed"),
+                        Ok(true) => tracing::info!(task_id = %job.task_id, "job released: queued for another worker, attempt not counted"),
+                        Ok(false) => tracing::info!(task_id = %job.task_id, "job of a cancelled task closed"),
                         Err(e) => tracing::warn!(task_id = %job.task_id, error = %e, "releasing the job failed; its lease will expire"),
                     }
                     self.feed.kick();
