@@ -23,8 +23,9 @@ pub struct Connection {
     /// MCP endpoint of the broker (http:// only).
     #[arg(long, env = "TASKBROKER_URL", default_value = DEFAULT_URL, value_parser = parse_url)]
     pub url: Url,
-    /// Use this MCP session (its Mcp-Session-Id) instead of the one the
-    /// client keeps for this broker in its state file.
+    /// Use this MCP session (its Mcp-Session-Id). Otherwise `call` and
+    /// `tasks` use the session they keep for this broker in their state
+    /// file, and `bench` opens one per client.
     #[arg(long, value_name = "ID")]
     pub session: Option<String>,
     /// Bearer token, when the broker requires one (`taskbroker token create`).
