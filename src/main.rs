@@ -8,6 +8,7 @@ use std::time::Duration;
 
 use std::process::ExitCode;
 
+use clap::builder::BoolishValueParser;
 use clap::{Args, Parser, Subcommand};
 use taskbroker::app::{self, ServeConfig, WorkConfig};
 use taskbroker::broker::BrokerConfig;
@@ -130,10 +131,10 @@ struct ServeArgs {
     #[arg(long, env = "TASKBROKER_DURABILITY")]
     durability: Option<Durability>,
     /// Also serve the MCP conformance suite's fixture tools (test_*).
-    #[arg(long)]
+    #[arg(long, env = "TASKBROKER_CONFORMANCE_TOOLS", value_parser = BoolishValueParser::new())]
     conformance_tools: bool,
     /// Do not serve the demo tools (echo, sleep, sleep_as_task, fail, approve).
-    #[arg(long)]
+    #[arg(long, env = "TASKBROKER_NO_DEMO_TOOLS", value_parser = BoolishValueParser::new())]
     no_demo_tools: bool,
     /// Non-terminal tasks one requestor (principal or session) may have [default: 1000].
     #[arg(long, env = "TASKBROKER_MAX_OPEN_TASKS", value_parser = clap::value_parser!(i64).range(1..))]
@@ -177,8 +178,8 @@ struct WorkerArgs {
     /// Commit durability: full or normal [default: full].
     #[arg(long, env = "TASKBROKER_DURABILITY")]
     durability: Option<Durability>,
-    /// Do not serve the demo tools.
-    #[arg(long)]
+    /// Do not serve the demo tools (echo, sleep, sleep_as_task, fail, approve).
+    #[arg(long, env = "TASKBROKER_NO_DEMO_TOOLS", value_parser = BoolishValueParser::new())]
     no_demo_tools: bool,
 }
 

@@ -23,20 +23,59 @@ struct Out {
     stderr: String,
 }
 
-/// `taskbroker` with a clean environment (no TASKBROKER_URL, no RUST_LOG).
-fn taskbroker() -> tokio::process::Command {
-    let mut c = tokio::process::Command::new(env!("CARGO_BIN_EXE_taskbroker"));
-    c.env_remove("TASKBROKER_URL")
-        .env_remove("RUST_LOG")
-        .kill_on_drop(true);
-    c
+/// One user of the CLI: a state folder of its own (`XDG_STATE_HOME`, and a
+/// `HOME` beside it, so nothing reaches the real user's folders) and a
+/// working directory of its own.
+struct Cli {
+    /// Removed at the end of the test.
+    dir: tempfile::TempDir,
 }
 
-/// Run `taskbroker ARGS --url URL` to the end (stdin closed).
-async fn run(url: &str, args: &[&str]) -> Out {
-    let mut cmd = taskbroker();
-    cmd.args(args).arg("--url").arg(url).stdin(Stdio::null());
-    output(cmd).await
+impl Cli {
+    fn new() -> Self {
+        let dir = tempfile::Builder::new()
+            .prefix("taskbroker-cli-")
+            .tempdir()
+            .unwrap();
+        for sub in ["state", "home", "cwd"] {
+            std::fs::create_dir(dir.path().join(sub)).unwrap();
+        }
+        Self { dir }
+    }
+
+    fn state_home(&self) -> std::path::PathBuf {
+        self.dir.path().join("state")
+    }
+
+    /// The CLI's state file.
+    fn state_file(&self) -> std::path::PathBuf {
+        self.state_home().join("taskbroker").join("cli.json")
+    }
+
+    fn cwd(&self) -> std::path::PathBuf {
+        self.dir.path().join("cwd")
+    }
+
+    /// `taskbroker` with a clean environment (no TASKBROKER_URL, no
+    /// RUST_LOG) and this user's folders.
+    fn command(&self) -> tokio::process::Command {
+        let mut c = tokio::process::Command::new(env!("CARGO_BIN_EXE_taskbroker"));
+        c.env_remove("TASKBROKER_URL")
+            .env_remove("TASKBROKER_TOKEN")
+            .env_remove("RUST_LOG")
+            .env("XDG_STATE_HOME", self.state_home())
+            .env("HOME", self.dir.path().join("home"))
+            .current_dir(self.cwd())
+            .kill_on_drop(true);
+        c
+    }
+
+    /// Run `taskbroker ARGS --url URL` to the end (stdin closed).
+    async fn run(&self, url: &str, args: &[&str]) -> Out {
+        let mut cmd = self.command();
+        cmd.args(args).arg("--url").arg(url).stdin(Stdio::null());
+        output(cmd).await
+    }
 }
 
 async fn output(mut cmd: tokio::process::Command) -> Out {
@@ -71,29 +110,32 @@ async fn session(server: &Server) -> (Client, String) {
 
 #[tokio::test]
 async fn plain_echo_prints_its_arguments_and_json_prints_the_whole_result() {
+    let cli = Cli::new();
     let server = Server::start(&[]);
-    let out = run(
-        &server.url,
-        &["call", "echo", "--args", r#"{"a":1,"b":"x"}"#],
-    )
-    .await;
+    let out = cli
+        .run(
+            &server.url,
+            &["call", "echo", "--args", r#"{"a":1,"b":"x"}"#],
+        )
+        .await;
     assert_eq!(out.code, Some(0), "{out:?}");
     assert_eq!(out.stdout, "{\"a\":1,\"b\":\"x\"}\n");
     // Not a terminal: no progress bar noise.
     assert_eq!(out.stderr, "");
 
-    let out = run(
-        &server.url,
-        &["call", "echo", "--args", r#"{"a":1}"#, "--json"],
-    )
-    .await;
+    let out = cli
+        .run(
+            &server.url,
+            &["call", "echo", "--args", r#"{"a":1}"#, "--json"],
+        )
+        .await;
     assert_eq!(out.code, Some(0), "{out:?}");
     let result: Value = serde_json::from_str(&out.stdout).unwrap();
     assert_eq!(result["content"][0]["text"], r#"{"a":1}"#);
     assert_eq!(result["structuredContent"], json!({"a": 1}));
 
     // TASKBROKER_URL stands in for --url; --args defaults to {}.
-    let mut cmd = taskbroker();
+    let mut cmd = cli.command();
     cmd.args(["call", "echo"])
         .env("TASKBROKER_URL", &server.url)
         .stdin(Stdio::null());
@@ -106,13 +148,15 @@ async fn plain_echo_prints_its_arguments_and_json_prints_the_whole_result() {
 /// notifications/progress is read to the response.
 #[tokio::test]
 async fn plain_sleep_reads_progress_and_prints_the_message() {
+    let cli = Cli::new();
     let server = Server::start(&[]);
     let started = Instant::now();
-    let out = run(
-        &server.url,
-        &["call", "sleep", "--args", r#"{"seconds":1,"message":"hi"}"#],
-    )
-    .await;
+    let out = cli
+        .run(
+            &server.url,
+            &["call", "sleep", "--args", r#"{"seconds":1,"message":"hi"}"#],
+        )
+        .await;
     assert_eq!(out.code, Some(0), "{out:?}");
     assert_eq!(out.stdout, "hi\n");
     assert!(started.elapsed() >= Duration::from_secs(1));
@@ -122,38 +166,41 @@ async fn plain_sleep_reads_progress_and_prints_the_message() {
 /// returns the call's result with related-task _meta).
 #[tokio::test]
 async fn task_call_prints_the_task_id_then_the_result() {
+    let cli = Cli::new();
     let server = Server::start(&["--poll-interval", "200"]);
-    let out = run(
-        &server.url,
-        &[
-            "call",
-            "sleep",
-            "--args",
-            r#"{"seconds":1,"message":"hi"}"#,
-            "--task",
-        ],
-    )
-    .await;
+    let out = cli
+        .run(
+            &server.url,
+            &[
+                "call",
+                "sleep",
+                "--args",
+                r#"{"seconds":1,"message":"hi"}"#,
+                "--task",
+            ],
+        )
+        .await;
     assert_eq!(out.code, Some(0), "{out:?}");
     assert_eq!(out.stdout, "hi\n");
     let (task, sid) = task_and_session(&out.stderr);
     uuid::Uuid::parse_str(&task).expect("a task id");
     assert!(!sid.is_empty());
 
-    let out = run(
-        &server.url,
-        &[
-            "call",
-            "sleep",
-            "--args",
-            r#"{"seconds":0,"message":"json"}"#,
-            "--task",
-            "--ttl",
-            "60000",
-            "--json",
-        ],
-    )
-    .await;
+    let out = cli
+        .run(
+            &server.url,
+            &[
+                "call",
+                "sleep",
+                "--args",
+                r#"{"seconds":0,"message":"json"}"#,
+                "--task",
+                "--ttl",
+                "60000",
+                "--json",
+            ],
+        )
+        .await;
     assert_eq!(out.code, Some(0), "{out:?}");
     let (task, _) = task_and_session(&out.stderr);
     let result: Value = serde_json::from_str(&out.stdout).unwrap();
@@ -164,9 +211,10 @@ async fn task_call_prints_the_task_id_then_the_result() {
 /// Covers T-15 (a failed task's isError result), T-4 (task on a forbidden
 /// tool), T-5 (required tool without task): all exit 1, message on stderr.
 #[tokio::test]
-async fn failures_exit_1_with_the_message_on_stderr() {
+async fn failures_exit_1_with_the_message_on_stderr_issue12_p8_task_mode_advice() {
+    let cli = Cli::new();
     let server = Server::start(&["--poll-interval", "200"]);
-    let out = run(&server.url, &["call", "fail", "--task"]).await;
+    let out = cli.run(&server.url, &["call", "fail", "--task"]).await;
     assert_eq!(out.code, Some(1), "{out:?}");
     assert_eq!(out.stdout, "");
     assert!(
@@ -174,44 +222,55 @@ async fn failures_exit_1_with_the_message_on_stderr() {
         "{out:?}"
     );
 
-    let out = run(
-        &server.url,
-        &["call", "fail", "--args", r#"{"message":"boom"}"#],
-    )
-    .await;
+    let out = cli
+        .run(
+            &server.url,
+            &["call", "fail", "--args", r#"{"message":"boom"}"#],
+        )
+        .await;
     assert_eq!(out.code, Some(1), "{out:?}");
     assert!(out.stderr.contains("boom"), "{out:?}");
 
-    let out = run(&server.url, &["call", "nope"]).await;
+    let out = cli.run(&server.url, &["call", "nope"]).await;
     assert_eq!(out.code, Some(1), "{out:?}");
     assert!(out.stderr.contains("-32602"), "{out:?}");
     assert!(out.stderr.contains("nope"), "{out:?}");
 
     // T-5: sleep_as_task requires a task.
-    let out = run(
-        &server.url,
-        &["call", "sleep_as_task", "--args", r#"{"seconds":0}"#],
-    )
-    .await;
+    let out = cli
+        .run(
+            &server.url,
+            &["call", "sleep_as_task", "--args", r#"{"seconds":0}"#],
+        )
+        .await;
     assert_eq!(out.code, Some(1), "{out:?}");
     assert!(out.stderr.contains("-32601"), "{out:?}");
+    // Issue 12, point 8: advice in the CLI's words, not "add params.task".
+    assert_eq!(
+        out.stderr,
+        "taskbroker: call sleep_as_task: the tool runs only as a task (its execution.taskSupport \
+         is 'required'; JSON-RPC error -32601) (add --task)\n"
+    );
 
     // T-4: echo forbids tasks.
-    let out = run(&server.url, &["call", "echo", "--task"]).await;
+    let out = cli.run(&server.url, &["call", "echo", "--task"]).await;
     assert_eq!(out.code, Some(1), "{out:?}");
     assert!(out.stderr.contains("-32601"), "{out:?}");
+    assert!(out.stderr.contains("(drop --task)"), "{out:?}");
 
     // Invalid arguments: a tool result with isError (plain), a failed task.
-    let out = run(
-        &server.url,
-        &["call", "sleep", "--args", r#"{"seconds":"x"}"#, "--task"],
-    )
-    .await;
+    let out = cli
+        .run(
+            &server.url,
+            &["call", "sleep", "--args", r#"{"seconds":"x"}"#, "--task"],
+        )
+        .await;
     assert_eq!(out.code, Some(1), "{out:?}");
 }
 
 #[tokio::test]
 async fn usage_errors_exit_2_and_an_unreachable_server_exits_3() {
+    let cli = Cli::new();
     // A port nobody listens on.
     let port = std::net::TcpListener::bind("127.0.0.1:0")
         .unwrap()
@@ -224,14 +283,14 @@ async fn usage_errors_exit_2_and_an_unreachable_server_exits_3() {
         vec!["call", "echo", "--args", "[1]"],
         vec!["call", "sleep", "--ttl", "1000"], // --ttl needs --task
     ] {
-        let out = run(&dead, &args).await;
+        let out = cli.run(&dead, &args).await;
         assert_eq!(out.code, Some(2), "{args:?}: {out:?}");
         assert!(out.stderr.contains("--"), "{out:?}");
     }
-    let out = run(&dead, &["call", "echo", "--args", "{"]).await;
+    let out = cli.run(&dead, &["call", "echo", "--args", "{"]).await;
     assert!(out.stderr.contains("not valid JSON"), "{out:?}");
     for url in ["https://127.0.0.1/mcp", "not a url"] {
-        let out = run(url, &["call", "echo"]).await;
+        let out = cli.run(url, &["call", "echo"]).await;
         assert_eq!(out.code, Some(2), "{url}: {out:?}");
     }
     for args in [
@@ -239,7 +298,7 @@ async fn usage_errors_exit_2_and_an_unreachable_server_exits_3() {
         vec!["call", "sleep", "--task"],
         vec!["tasks", "list"],
     ] {
-        let out = run(&dead, &args).await;
+        let out = cli.run(&dead, &args).await;
         assert_eq!(out.code, Some(3), "{args:?}: {out:?}");
         assert!(out.stderr.contains("cannot reach"), "{out:?}");
     }
@@ -249,21 +308,23 @@ async fn usage_errors_exit_2_and_an_unreachable_server_exits_3() {
 /// (cancel), T-35/T-36 (another session's task is not found).
 #[tokio::test]
 async fn tasks_subcommands_work_on_a_given_session() {
+    let cli = Cli::new();
     let server = Server::start(&["--page-size", "2", "--poll-interval", "200"]);
     let (mut c, sid) = session(&server).await;
-    let out = run(
-        &server.url,
-        &[
-            "call",
-            "sleep",
-            "--args",
-            r#"{"seconds":0,"message":"one"}"#,
-            "--task",
-            "--session",
-            &sid,
-        ],
-    )
-    .await;
+    let out = cli
+        .run(
+            &server.url,
+            &[
+                "call",
+                "sleep",
+                "--args",
+                r#"{"seconds":0,"message":"one"}"#,
+                "--task",
+                "--session",
+                &sid,
+            ],
+        )
+        .await;
     assert_eq!(out.code, Some(0), "{out:?}");
     let (task, printed) = task_and_session(&out.stderr);
     assert_eq!(printed, sid);
@@ -273,11 +334,15 @@ async fn tasks_subcommands_work_on_a_given_session() {
     let long = long["taskId"].as_str().unwrap().to_owned();
 
     // The session given was not ended: list pages through all three.
-    let out = run(&server.url, &["tasks", "list", "--session", &sid]).await;
+    let out = cli
+        .run(&server.url, &["tasks", "list", "--session", &sid])
+        .await;
     assert_eq!(out.code, Some(0), "{out:?}");
     assert_eq!(out.stdout.lines().count(), 2, "{out:?}");
     assert!(out.stderr.contains("--all"), "{out:?}");
-    let out = run(&server.url, &["tasks", "list", "--all", "--session", &sid]).await;
+    let out = cli
+        .run(&server.url, &["tasks", "list", "--all", "--session", &sid])
+        .await;
     assert_eq!(out.code, Some(0), "{out:?}");
     let lines: Vec<&str> = out.stdout.lines().collect();
     assert_eq!(lines.len(), 3, "{out:?}");
@@ -285,57 +350,76 @@ async fn tasks_subcommands_work_on_a_given_session() {
     let mine = lines.iter().find(|l| l.starts_with(&task)).unwrap();
     assert!(mine.contains("completed"), "{mine}");
 
-    let out = run(&server.url, &["tasks", "get", &task, "--session", &sid]).await;
+    let out = cli
+        .run(&server.url, &["tasks", "get", &task, "--session", &sid])
+        .await;
     assert_eq!(out.code, Some(0), "{out:?}");
     let got: Value = serde_json::from_str(&out.stdout).unwrap();
     assert_eq!(got["taskId"], json!(task));
     assert_eq!(got["status"], "completed");
 
-    let out = run(&server.url, &["tasks", "result", &task, "--session", &sid]).await;
+    let out = cli
+        .run(&server.url, &["tasks", "result", &task, "--session", &sid])
+        .await;
     assert_eq!(out.code, Some(0), "{out:?}");
     let result: Value = serde_json::from_str(&out.stdout).unwrap();
     assert_eq!(result["content"][0]["text"], "one");
     assert_eq!(result["_meta"][RELATED]["taskId"], json!(task));
 
     // T-21: cancel answers with the cancelled task; its result is -32800.
-    let out = run(&server.url, &["tasks", "cancel", &long, "--session", &sid]).await;
+    let out = cli
+        .run(&server.url, &["tasks", "cancel", &long, "--session", &sid])
+        .await;
     assert_eq!(out.code, Some(0), "{out:?}");
     let cancelled: Value = serde_json::from_str(&out.stdout).unwrap();
     assert_eq!(cancelled["status"], "cancelled");
-    let out = run(&server.url, &["tasks", "result", &long, "--session", &sid]).await;
+    let out = cli
+        .run(&server.url, &["tasks", "result", &long, "--session", &sid])
+        .await;
     assert_eq!(out.code, Some(1), "{out:?}");
     assert!(out.stderr.contains("-32800"), "{out:?}");
 
     // T-35/T-36: a new session sees none of them, and says why.
-    let out = run(&server.url, &["tasks", "list"]).await;
+    let out = cli.run(&server.url, &["tasks", "list"]).await;
     assert_eq!(out.code, Some(0), "{out:?}");
     assert_eq!(out.stdout, "");
     assert!(out.stderr.contains("--session"), "{out:?}");
-    let out = run(&server.url, &["tasks", "get", &task]).await;
+    let out = cli.run(&server.url, &["tasks", "get", &task]).await;
     assert_eq!(out.code, Some(1), "{out:?}");
     assert!(out.stderr.contains("not found"), "{out:?}");
     assert!(out.stderr.contains("--session"), "{out:?}");
 
     // An unknown session is refused (HTTP 404).
-    let out = run(&server.url, &["tasks", "list", "--session", "nosuch"]).await;
+    let out = cli
+        .run(&server.url, &["tasks", "list", "--session", "nosuch"])
+        .await;
     assert_eq!(out.code, Some(1), "{out:?}");
     assert!(out.stderr.contains("Session not found"), "{out:?}");
 }
 
-/// The session `call` made for itself is ended (DELETE) when it is done.
+/// Issue 12, point 2: the session `call` made for itself is kept (not
+/// DELETEd) and stored, so `tasks` without `--session` sees its task.
 #[tokio::test]
-async fn call_ends_its_own_session() {
+async fn issue12_p2_call_keeps_its_session_for_tasks() {
+    let cli = Cli::new();
     let server = Server::start(&["--poll-interval", "200"]);
-    let out = run(
-        &server.url,
-        &["call", "sleep", "--args", r#"{"seconds":0}"#, "--task"],
-    )
-    .await;
+    let out = cli
+        .run(
+            &server.url,
+            &["call", "sleep", "--args", r#"{"seconds":0}"#, "--task"],
+        )
+        .await;
     assert_eq!(out.code, Some(0), "{out:?}");
-    let (_, sid) = task_and_session(&out.stderr);
-    let out = run(&server.url, &["tasks", "list", "--session", &sid]).await;
-    assert_eq!(out.code, Some(1), "{out:?}");
-    assert!(out.stderr.contains("Session not found"), "{out:?}");
+    let (task, sid) = task_and_session(&out.stderr);
+    let out = cli
+        .run(&server.url, &["tasks", "list", "--session", &sid])
+        .await;
+    assert_eq!(out.code, Some(0), "the session still exists: {out:?}");
+    assert!(out.stdout.starts_with(&task), "{out:?}");
+    let out = cli.run(&server.url, &["tasks", "get", &task]).await;
+    assert_eq!(out.code, Some(0), "{out:?}");
+    let got: Value = serde_json::from_str(&out.stdout).unwrap();
+    assert_eq!(got["status"], "completed");
 }
 
 /// A `taskbroker` run with stdin piped and stderr collected as it comes.
@@ -346,8 +430,8 @@ struct Live {
 }
 
 impl Live {
-    fn start(url: &str, args: &[&str]) -> Self {
-        let mut cmd = taskbroker();
+    fn start(cli: &Cli, url: &str, args: &[&str]) -> Self {
+        let mut cmd = cli.command();
         cmd.args(args)
             .arg("--url")
             .arg(url)
@@ -422,32 +506,39 @@ impl Live {
 /// that stays open (and says how to fetch the result); "y" cancels it (T-21).
 #[tokio::test]
 async fn ctrl_c_asks_whether_to_cancel_the_task() {
+    let cli = Cli::new();
     let server = Server::start(&["--poll-interval", "200"]);
     let args = ["call", "sleep", "--args", r#"{"seconds":30}"#, "--task"];
 
-    let mut live = Live::start(&server.url, &args);
+    let mut live = Live::start(&cli, &server.url, &args);
     let (task, sid) = task_and_session(&live.wait_for(")\n").await);
     live.interrupt();
     live.wait_for(&format!("Cancel task {task}? [y/N]")).await;
     live.answer("n\n").await;
     assert_eq!(live.exit_code().await, Some(130));
     let stderr = live.stderr();
+    // Issue 12, point 2: no --session needed to fetch it later.
     assert!(
         stderr.contains(&format!(
-            "taskbroker tasks result {task} --session {sid} --url {}",
+            "fetch its result with: taskbroker tasks result {task} --url {}\n",
             server.url
         )),
         "{stderr}"
     );
-    let out = run(&server.url, &["tasks", "get", &task, "--session", &sid]).await;
-    assert_eq!(out.code, Some(0), "the session was kept: {out:?}");
-    let got: Value = serde_json::from_str(&out.stdout).unwrap();
-    assert_eq!(got["status"], "working");
+    for args in [
+        vec!["tasks", "get", &task, "--session", &sid],
+        vec!["tasks", "get", &task],
+    ] {
+        let out = cli.run(&server.url, &args).await;
+        assert_eq!(out.code, Some(0), "the session was kept: {out:?}");
+        let got: Value = serde_json::from_str(&out.stdout).unwrap();
+        assert_eq!(got["status"], "working");
+    }
 
     let (mut c, sid) = session(&server).await;
     let mut args = args.to_vec();
     args.extend(["--session", &sid]);
-    let mut live = Live::start(&server.url, &args);
+    let mut live = Live::start(&cli, &server.url, &args);
     let (task, _) = task_and_session(&live.wait_for(")\n").await);
     live.interrupt();
     live.wait_for("[y/N]").await;
@@ -465,10 +556,12 @@ async fn ctrl_c_asks_whether_to_cancel_the_task() {
 /// Ctrl-C during a plain call exits 130 at once.
 #[tokio::test]
 async fn ctrl_c_ends_a_plain_call() {
+    let cli = Cli::new();
     let server = Server::start(&[]);
     let sessions = || server.log().matches("taskbroker-cli").count();
     let before = sessions();
     let mut live = Live::start(
+        &cli,
         &server.url,
         &["call", "sleep", "--args", r#"{"seconds":30}"#],
     );
@@ -488,8 +581,9 @@ async fn ctrl_c_ends_a_plain_call() {
 /// Last-Event-ID, and the result arrives on the resumed stream.
 #[tokio::test]
 async fn a_closed_stream_is_resumed() {
+    let cli = Cli::new();
     let server = Server::start(&["--conformance-tools"]);
-    let mut cmd = taskbroker();
+    let mut cmd = cli.command();
     cmd.args(["call", "test_reconnection", "--url", &server.url])
         .env("RUST_LOG", "taskbroker::client=debug")
         .stdin(Stdio::null());
@@ -497,4 +591,296 @@ async fn a_closed_stream_is_resumed() {
     assert_eq!(out.code, Some(0), "{out:?}");
     assert_eq!(out.stdout, "Reconnection test completed successfully\n");
     assert!(out.stderr.contains("resuming"), "{out:?}");
+}
+
+/// The state file as JSON.
+#[track_caller]
+fn state(cli: &Cli) -> Value {
+    let text = std::fs::read_to_string(cli.state_file()).unwrap();
+    serde_json::from_str(&text).unwrap_or_else(|e| panic!("state file not JSON ({e}): {text}"))
+}
+
+/// The session the state file keeps for `url`.
+#[track_caller]
+fn stored_session(cli: &Cli, url: &str) -> Option<String> {
+    state(cli)["brokers"][url]["session"]
+        .as_str()
+        .map(str::to_owned)
+}
+
+/// `call TOOL --args ARGS --task --detach`: the task id, alone on stdout.
+async fn detach(cli: &Cli, url: &str, tool: &str, args: &str) -> String {
+    let out = cli
+        .run(url, &["call", tool, "--args", args, "--task", "--detach"])
+        .await;
+    assert_eq!(out.code, Some(0), "{out:?}");
+    assert_eq!(out.stdout.lines().count(), 1, "one line: {out:?}");
+    let task = out.stdout.trim_end().to_owned();
+    uuid::Uuid::parse_str(&task).expect("a task id on stdout");
+    assert!(
+        out.stderr
+            .contains(&format!("taskbroker tasks result {task} --url {url}")),
+        "a hint on stderr: {out:?}"
+    );
+    task
+}
+
+/// Issue 12, point 2: `call --task --detach` prints the task id and returns
+/// at once; `tasks list|get|result|cancel`, separate invocations without
+/// `--session`, see the task, and still do after the broker is killed -9
+/// and restarted on the same database. The CLI's session stays the same.
+#[tokio::test]
+async fn issue12_p2_detached_task_is_seen_by_tasks_across_invocations_and_restarts() {
+    let cli = Cli::new();
+    let mut server = Server::start(&["--poll-interval", "200"]);
+    let started = Instant::now();
+    let long = detach(&cli, &server.url, "sleep", r#"{"seconds":30}"#).await;
+    assert!(
+        started.elapsed() < Duration::from_secs(10),
+        "returned at once"
+    );
+    let short = detach(
+        &cli,
+        &server.url,
+        "sleep",
+        r#"{"seconds":0,"message":"two"}"#,
+    )
+    .await;
+    let sid = stored_session(&cli, &server.url).expect("a stored session");
+
+    let out = cli.run(&server.url, &["tasks", "result", &short]).await;
+    assert_eq!(out.code, Some(0), "{out:?}");
+    let result: Value = serde_json::from_str(&out.stdout).unwrap();
+    assert_eq!(result["content"][0]["text"], "two");
+
+    server.kill_and_restart();
+
+    let out = cli.run(&server.url, &["tasks", "list"]).await;
+    assert_eq!(out.code, Some(0), "{out:?}");
+    let lines: Vec<&str> = out.stdout.lines().collect();
+    assert_eq!(lines.len(), 2, "{out:?}");
+    assert!(lines[0].starts_with(&short), "newest first: {lines:?}");
+    assert!(lines[0].contains(" completed "), "{lines:?}");
+    assert!(lines[1].starts_with(&long), "{lines:?}");
+    assert!(lines[1].contains(" working "), "{lines:?}");
+    let out = cli.run(&server.url, &["tasks", "get", &long]).await;
+    assert_eq!(out.code, Some(0), "{out:?}");
+    let got: Value = serde_json::from_str(&out.stdout).unwrap();
+    assert_eq!(got["taskId"], json!(long));
+    assert_eq!(got["status"], "working");
+    let out = cli.run(&server.url, &["tasks", "result", &short]).await;
+    assert_eq!(out.code, Some(0), "{out:?}");
+    let result: Value = serde_json::from_str(&out.stdout).unwrap();
+    assert_eq!(result["content"][0]["text"], "two");
+    let out = cli.run(&server.url, &["tasks", "cancel", &long]).await;
+    assert_eq!(out.code, Some(0), "{out:?}");
+    let cancelled: Value = serde_json::from_str(&out.stdout).unwrap();
+    assert_eq!(cancelled["status"], "cancelled");
+    let out = cli.run(&server.url, &["tasks", "result", &long]).await;
+    assert_eq!(out.code, Some(1), "{out:?}");
+    assert!(out.stderr.contains("-32800"), "{out:?}");
+
+    // Still the first session: nothing was re-opened or ended.
+    let out = cli.run(&server.url, &["call", "echo"]).await;
+    assert_eq!(out.code, Some(0), "{out:?}");
+    assert_eq!(stored_session(&cli, &server.url), Some(sid));
+}
+
+/// Issue 12, point 2: `--detach` needs `--task` (usage error, exit 2).
+#[tokio::test]
+async fn issue12_p2_detach_requires_task() {
+    let cli = Cli::new();
+    let out = cli
+        .run("http://127.0.0.1:9/mcp", &["call", "sleep", "--detach"])
+        .await;
+    assert_eq!(out.code, Some(2), "{out:?}");
+    assert!(out.stderr.contains("--task"), "{out:?}");
+}
+
+/// Issue 12, point 2: two brokers (two URLs) have sessions of their own;
+/// each one's `tasks list` shows only its tasks.
+#[tokio::test]
+async fn issue12_p2_two_urls_keep_separate_sessions() {
+    let cli = Cli::new();
+    let a = Server::start(&[]);
+    let b = Server::start(&[]);
+    let on_a = detach(&cli, &a.url, "sleep", r#"{"seconds":0}"#).await;
+    let on_b = detach(&cli, &b.url, "sleep", r#"{"seconds":0}"#).await;
+    let (sa, sb) = (stored_session(&cli, &a.url), stored_session(&cli, &b.url));
+    assert!(sa.is_some() && sb.is_some() && sa != sb, "{}", state(&cli));
+    for (server, mine, other) in [(&a, &on_a, &on_b), (&b, &on_b, &on_a)] {
+        let out = cli.run(&server.url, &["tasks", "list"]).await;
+        assert_eq!(out.code, Some(0), "{out:?}");
+        assert!(out.stdout.starts_with(mine.as_str()), "{out:?}");
+        assert!(!out.stdout.contains(other.as_str()), "{out:?}");
+        assert_eq!(out.stdout.lines().count(), 1, "{out:?}");
+    }
+}
+
+/// Issue 12, point 2: a stored session the broker does not know (a fresh
+/// database behind the same URL) is replaced by `call`, which still runs;
+/// `tasks` says plainly that the session is gone, and forgets it.
+#[tokio::test]
+async fn issue12_p2_a_stale_session_is_replaced_by_call_and_reported_by_tasks() {
+    let cli = Cli::new();
+    let mut first = Server::start(&[]);
+    detach(&cli, &first.url, "sleep", r#"{"seconds":0}"#).await;
+    let old = stored_session(&cli, &first.url).unwrap();
+    let port = first.port();
+    first.kill9();
+
+    // A fresh database behind the same URL: call opens a new session.
+    let mut second = Server::start_fresh_on(port, &[]);
+    let task = detach(&cli, &second.url, "sleep", r#"{"seconds":0}"#).await;
+    let new = stored_session(&cli, &second.url).unwrap();
+    assert_ne!(new, old);
+    let out = cli.run(&second.url, &["tasks", "get", &task]).await;
+    assert_eq!(out.code, Some(0), "{out:?}");
+    let out = cli
+        .run(&second.url, &["call", "echo", "--args", r#"{"a":1}"#])
+        .await;
+    assert_eq!((out.code, out.stdout.as_str()), (Some(0), "{\"a\":1}\n"));
+    second.kill9();
+
+    // Again a fresh database: tasks reports the lost session, forgets it.
+    let third = Server::start_fresh_on(port, &[]);
+    let out = cli.run(&third.url, &["tasks", "get", &task]).await;
+    assert_eq!(out.code, Some(1), "{out:?}");
+    assert_eq!(
+        out.stderr,
+        format!(
+            "taskbroker: tasks: the client's session with {} is gone: the broker no longer knows \
+             session {new} (a new or replaced database?) (its tasks cannot be reached; the session \
+             is forgotten, and the next `taskbroker call` opens a new one)\n",
+            third.url
+        )
+    );
+    assert_eq!(stored_session(&cli, &third.url), None, "{}", state(&cli));
+    let out = cli.run(&third.url, &["tasks", "list"]).await;
+    assert_eq!(out.code, Some(0), "{out:?}");
+    assert_eq!(out.stdout, "");
+    assert!(out.stderr.contains("no session with"), "{out:?}");
+}
+
+/// Issue 12, point 2: the state lives in `$XDG_STATE_HOME/taskbroker`
+/// (else `$HOME/.local/state/taskbroker`; a relative XDG_STATE_HOME is
+/// ignored), never in the working directory; it is private (0600) and
+/// keyed by URL; a corrupt file is one warning line, not a failure.
+#[tokio::test]
+async fn issue12_p2_state_file_is_private_in_the_state_dir_and_survives_corruption() {
+    use std::os::unix::fs::PermissionsExt;
+    let cli = Cli::new();
+    let server = Server::start(&[]);
+    detach(&cli, &server.url, "sleep", r#"{"seconds":0}"#).await;
+    let mode = std::fs::metadata(cli.state_file())
+        .unwrap()
+        .permissions()
+        .mode();
+    assert_eq!(mode & 0o777, 0o600);
+    assert!(stored_session(&cli, &server.url).is_some());
+    let cwd: Vec<_> = std::fs::read_dir(cli.cwd()).unwrap().collect();
+    assert!(cwd.is_empty(), "nothing in the working directory: {cwd:?}");
+    let home = cli.dir.path().join("home");
+    assert!(
+        !home.join(".local").exists(),
+        "XDG_STATE_HOME wins over HOME"
+    );
+
+    // Without XDG_STATE_HOME (or with a relative one): HOME.
+    for xdg in [None, Some("relative/state")] {
+        let mut cmd = cli.command();
+        cmd.env_remove("XDG_STATE_HOME");
+        if let Some(x) = xdg {
+            cmd.env("XDG_STATE_HOME", x);
+        }
+        cmd.args(["call", "echo", "--url", &server.url])
+            .stdin(Stdio::null());
+        let out = output(cmd).await;
+        assert_eq!(out.code, Some(0), "{out:?}");
+        let file = home.join(".local/state/taskbroker/cli.json");
+        let text = std::fs::read_to_string(&file).unwrap();
+        assert!(text.contains(&server.url), "{text}");
+        assert!(!cli.cwd().join("relative").exists());
+    }
+
+    // A corrupt file: one warning line; the call works; the file is repaired.
+    std::fs::write(cli.state_file(), "{ not json").unwrap();
+    let out = cli.run(&server.url, &["call", "echo"]).await;
+    assert_eq!(out.code, Some(0), "{out:?}");
+    assert_eq!(out.stdout, "{}\n");
+    assert_eq!(out.stderr.lines().count(), 1, "{out:?}");
+    assert!(
+        out.stderr.starts_with(&format!(
+            "taskbroker: warning: the state file {} is not valid (",
+            cli.state_file().display()
+        )),
+        "{out:?}"
+    );
+    assert!(stored_session(&cli, &server.url).is_some());
+    // Unreadable (a folder where the file should be): a warning, no crash.
+    std::fs::remove_file(cli.state_file()).unwrap();
+    std::fs::create_dir(cli.state_file()).unwrap();
+    let out = cli.run(&server.url, &["call", "echo"]).await;
+    assert_eq!(out.code, Some(0), "{out:?}");
+    assert_eq!(out.stderr.lines().count(), 1, "{out:?}");
+    assert!(out.stderr.starts_with("taskbroker: warning: "), "{out:?}");
+}
+
+/// Issue 12, point 2: invocations at once share one session and lose none
+/// of each other's writes (the file is locked and replaced atomically).
+#[tokio::test]
+async fn issue12_p2_concurrent_invocations_share_one_session() {
+    let cli = Cli::new();
+    let server = Server::start(&[]);
+    let runs = (0..6).map(|i| {
+        let args = format!(r#"{{"seconds":0,"message":"m{i}"}}"#);
+        let (cli, url) = (&cli, server.url.clone());
+        async move { detach(cli, &url, "sleep", &args).await }
+    });
+    let tasks = futures_util::future::join_all(runs).await;
+    let out = cli.run(&server.url, &["tasks", "list"]).await;
+    assert_eq!(out.code, Some(0), "{out:?}");
+    for task in &tasks {
+        let line = out
+            .stdout
+            .lines()
+            .find(|l| l.starts_with(task.as_str()))
+            .unwrap_or_else(|| panic!("{task} not listed: {out:?}"));
+        assert!(line.contains(" sleep "), "{line}");
+    }
+    assert_eq!(
+        state(&cli)["brokers"][&server.url]["tasks"]
+            .as_array()
+            .unwrap()
+            .len(),
+        6
+    );
+}
+
+/// Issue 12, point 8: `tasks list` has a tool column: the tool of each
+/// task this CLI started (a Task carries no tool name), `-` for others.
+#[tokio::test]
+async fn issue12_p8_tasks_list_has_a_tool_column() {
+    let cli = Cli::new();
+    let server = Server::start(&[]);
+    let slept = detach(&cli, &server.url, "sleep_as_task", r#"{"seconds":0}"#).await;
+    let failed = detach(&cli, &server.url, "fail", "{}").await;
+    let sid = stored_session(&cli, &server.url).unwrap();
+    let mut c = Client::new(&server.url);
+    c.session = Some(sid);
+    let other = c.call_task("sleep", json!({"seconds": 0})).await;
+    let other = other["taskId"].as_str().unwrap().to_owned();
+    c.wait_terminal(&slept, Duration::from_secs(10)).await;
+    c.wait_terminal(&failed, Duration::from_secs(10)).await;
+    c.wait_terminal(&other, Duration::from_secs(10)).await;
+
+    let out = cli.run(&server.url, &["tasks", "list"]).await;
+    assert_eq!(out.code, Some(0), "{out:?}");
+    let columns = |id: &str| -> Vec<String> {
+        let line = out.stdout.lines().find(|l| l.starts_with(id)).unwrap();
+        line.split_whitespace().map(str::to_owned).collect()
+    };
+    assert_eq!(columns(&slept)[1..3], ["completed", "sleep_as_task"]);
+    assert_eq!(columns(&failed)[1..3], ["failed", "fail"]);
+    assert_eq!(columns(&other)[1..3], ["completed", "-"]);
 }

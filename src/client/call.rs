@@ -10,32 +10,54 @@ use tokio::io::{AsyncBufReadExt, BufReader};
 
 use super::output::print_result;
 use super::progress::Progress;
+use super::session::{CliSession, Origin};
 use super::{
-    CLIENT_NAME, CallArgs, EXIT_FAILURE, EXIT_INTERRUPTED, EXIT_UNREACHABLE, McpClient, McpError,
+    CLIENT_NAME, CallArgs, DEFAULT_URL, EXIT_FAILURE, EXIT_INTERRUPTED, EXIT_OK, EXIT_UNREACHABLE,
+    McpClient, McpError, Notification,
 };
 
 /// Run `taskbroker call`; returns the process exit code.
 pub async fn run(args: CallArgs) -> u8 {
     // Listen for Ctrl-C before anything is created, so it is never lost.
     let mut interrupt = Interrupt::new();
-    let mut client = match McpClient::open(&args.conn).await {
+    let mut cli = match CliSession::open(&args.conn).await {
         Ok(c) => c,
         Err(e) => {
             eprintln!("taskbroker: {e}");
             return EXIT_UNREACHABLE;
         }
     };
-    let code = if args.task {
-        as_task(&mut client, &args, &mut interrupt).await
+    // The session is kept (not ended): `taskbroker tasks` uses it later.
+    if args.task {
+        as_task(&mut cli, &args, &mut interrupt).await
     } else {
-        plain(&client, &args, &mut interrupt).await
-    };
-    client.close().await;
-    code
+        plain(&mut cli, &args, &mut interrupt).await
+    }
+}
+
+/// `tools/call`; when the broker no longer knows the stored session (a new
+/// database), a new session is opened, stored, and the call sent again.
+async fn call_tool(
+    cli: &mut CliSession,
+    params: Value,
+    on_note: &mut impl FnMut(Notification),
+) -> Result<Value, McpError> {
+    match cli
+        .client
+        .request_with("tools/call", params.clone(), &mut *on_note)
+        .await
+    {
+        Err(e) if cli.lost_stored_session(&e) => {
+            tracing::info!(error = %e, "the stored session is gone; opening a new one");
+            cli.renew().await?;
+            cli.client.request_with("tools/call", params, on_note).await
+        }
+        other => other,
+    }
 }
 
 /// A plain `tools/call` with a progressToken; Ctrl-C just exits.
-async fn plain(client: &McpClient, args: &CallArgs, interrupt: &mut Interrupt) -> u8 {
+async fn plain(cli: &mut CliSession, args: &CallArgs, interrupt: &mut Interrupt) -> u8 {
     let token = json!(format!("{CLIENT_NAME}-{}", std::process::id()));
     let params = json!({
         "name": args.tool,
@@ -43,7 +65,7 @@ async fn plain(client: &McpClient, args: &CallArgs, interrupt: &mut Interrupt) -
         "_meta": { "progressToken": token },
     });
     let mut progress = Progress::new(&format!("calling {}", args.tool));
-    let call = client.request_with("tools/call", params, |note| {
+    let mut on_note = |note: Notification| {
         let p = &note.params;
         if note.method == "notifications/progress" && p.get("progressToken") == Some(&token) {
             progress.update(
@@ -52,7 +74,8 @@ async fn plain(client: &McpClient, args: &CallArgs, interrupt: &mut Interrupt) -
                 p.get("message").and_then(Value::as_str),
             );
         }
-    });
+    };
+    let call = call_tool(cli, params, &mut on_note);
     let outcome = tokio::select! {
         outcome = call => Some(outcome),
         () = interrupt.recv() => None,
@@ -60,7 +83,7 @@ async fn plain(client: &McpClient, args: &CallArgs, interrupt: &mut Interrupt) -
     progress.clear();
     match outcome {
         Some(Ok(result)) => print_result(&result, args.json),
-        Some(Err(e)) => fail(&e),
+        Some(Err(e)) => fail_call(&cli.client, args, &e).await,
         None => {
             eprintln!("\ntaskbroker: interrupted");
             EXIT_INTERRUPTED
@@ -68,17 +91,18 @@ async fn plain(client: &McpClient, args: &CallArgs, interrupt: &mut Interrupt) -
     }
 }
 
-/// `tools/call` with `params.task`, then poll `tasks/get` and fetch
-/// `tasks/result`; Ctrl-C asks whether to cancel the task.
-async fn as_task(client: &mut McpClient, args: &CallArgs, interrupt: &mut Interrupt) -> u8 {
+/// `tools/call` with `params.task`, then (unless `--detach`) poll
+/// `tasks/get` and fetch `tasks/result`; Ctrl-C asks whether to cancel the
+/// task.
+async fn as_task(cli: &mut CliSession, args: &CallArgs, interrupt: &mut Interrupt) -> u8 {
     let mut task_meta = json!({});
     if let Some(ttl) = args.ttl {
         task_meta["ttl"] = json!(ttl);
     }
     let params = json!({ "name": args.tool, "arguments": args.args, "task": task_meta });
-    let created = match client.request("tools/call", params).await {
+    let created = match call_tool(cli, params, &mut |_| {}).await {
         Ok(r) => r,
-        Err(e) => return fail(&e),
+        Err(e) => return fail_call(&cli.client, args, &e).await,
     };
     let Some(mut task) = created.get("task").cloned() else {
         if created.get("content").is_some() {
@@ -98,12 +122,23 @@ async fn as_task(client: &mut McpClient, args: &CallArgs, interrupt: &mut Interr
             "a task without taskId: {task}"
         )));
     };
+    cli.state.remember_task(&task_id, &args.tool).await;
+    if args.detach {
+        println!("{task_id}");
+        let _ = std::io::stdout().flush();
+        eprintln!(
+            "taskbroker: task {task_id} started; its result: {}",
+            follow_up(cli, args, &task_id)
+        );
+        return EXIT_OK;
+    }
     eprintln!(
         "taskbroker: task {task_id} (session {})",
-        client.session_id().unwrap_or("none")
+        cli.client.session_id().unwrap_or("none")
     );
     let mut progress = Progress::new(&describe(&task_id, &task));
     let task_params = json!({ "taskId": task_id });
+    let client = &cli.client;
     while status(&task) == "working" {
         let wait = poll_interval(&task);
         let poll = async {
@@ -120,7 +155,7 @@ async fn as_task(client: &mut McpClient, args: &CallArgs, interrupt: &mut Interr
                 progress.clear();
                 return fail(&e);
             }
-            None => return on_interrupt(client, &task_id, &mut progress, interrupt).await,
+            None => return on_interrupt(cli, args, &task_id, &mut progress, interrupt).await,
         }
         progress.message(&describe(&task_id, &task));
     }
@@ -141,14 +176,86 @@ async fn as_task(client: &mut McpClient, args: &CallArgs, interrupt: &mut Interr
             }
         }
         Some(Err(e)) => fail(&e),
-        None => on_interrupt(client, &task_id, &mut progress, interrupt).await,
+        None => on_interrupt(cli, args, &task_id, &mut progress, interrupt).await,
     }
 }
 
+/// The command that fetches a task's result later: no `--session` unless
+/// one was given (the stored session is found again), `--url` unless it is
+/// the default.
+fn follow_up(cli: &CliSession, args: &CallArgs, task_id: &str) -> String {
+    let mut command = format!("taskbroker tasks result {task_id}");
+    if cli.origin == Origin::Given
+        && let Some(session) = cli.client.session_id()
+    {
+        command.push_str(&format!(" --session {session}"));
+    }
+    if args.conn.url.as_str() != DEFAULT_URL {
+        command.push_str(&format!(" --url {}", args.conn.url));
+    }
+    command
+}
+
+/// Print why a `tools/call` failed. A -32601 about the task mode becomes
+/// advice: `--task` for a tool that runs only as a task, no `--task` for one
+/// that cannot (the tool's `execution.taskSupport`, from tools/list).
+async fn fail_call(client: &McpClient, args: &CallArgs, e: &McpError) -> u8 {
+    let method_not_found = e.rpc().is_some_and(|r| r.code.code() == -32601);
+    if !method_not_found {
+        return fail(e);
+    }
+    let support = task_support(client, &args.tool).await;
+    match (args.task, support.as_deref()) {
+        (false, Some("required")) => {
+            eprintln!(
+                "taskbroker: call {}: the tool runs only as a task (its execution.taskSupport is 'required'; JSON-RPC error -32601) (add --task)",
+                args.tool
+            );
+            EXIT_FAILURE
+        }
+        (true, Some("forbidden")) => {
+            eprintln!(
+                "taskbroker: call {} --task: the tool does not run as a task (its execution.taskSupport is 'forbidden'; JSON-RPC error -32601) (drop --task)",
+                args.tool
+            );
+            EXIT_FAILURE
+        }
+        _ => fail(e),
+    }
+}
+
+/// The tool's `execution.taskSupport` (`forbidden` when it has none), or
+/// None when tools/list does not list it.
+async fn task_support(client: &McpClient, tool: &str) -> Option<String> {
+    let mut cursor: Option<String> = None;
+    for _ in 0..100 {
+        let params = match &cursor {
+            Some(c) => json!({ "cursor": c }),
+            None => json!({}),
+        };
+        let page = client.request("tools/list", params).await.ok()?;
+        let found = page
+            .get("tools")
+            .and_then(Value::as_array)?
+            .iter()
+            .find(|t| t.get("name").and_then(Value::as_str) == Some(tool));
+        if let Some(t) = found {
+            let support = t
+                .pointer("/execution/taskSupport")
+                .and_then(Value::as_str)
+                .unwrap_or("forbidden");
+            return Some(support.to_owned());
+        }
+        cursor = Some(page.get("nextCursor").and_then(Value::as_str)?.to_owned());
+    }
+    None
+}
+
 /// Ctrl-C during a task: ask on stderr, read one line from stdin; `y`
-/// cancels the task, anything else leaves it running in this session.
+/// cancels the task, anything else leaves it running (in the kept session).
 async fn on_interrupt(
-    client: &mut McpClient,
+    cli: &CliSession,
+    args: &CallArgs,
     task_id: &str,
     progress: &mut Progress,
     interrupt: &mut Interrupt,
@@ -165,7 +272,8 @@ async fn on_interrupt(
         }
     };
     if matches!(answer.trim().to_ascii_lowercase().as_str(), "y" | "yes") {
-        match client
+        match cli
+            .client
             .request("tasks/cancel", json!({ "taskId": task_id }))
             .await
         {
@@ -174,13 +282,9 @@ async fn on_interrupt(
         }
         return EXIT_INTERRUPTED;
     }
-    client.keep_session();
-    let session = client.session_id().unwrap_or("none").to_owned();
     eprintln!(
-        "taskbroker: task {task_id} keeps running in session {session}.\n\
-         Tasks are visible only to the session that created them; fetch its result with:\n  \
-         taskbroker tasks result {task_id} --session {session} --url {}",
-        client.url()
+        "taskbroker: task {task_id} keeps running; fetch its result with: {}",
+        follow_up(cli, args, task_id)
     );
     EXIT_INTERRUPTED
 }

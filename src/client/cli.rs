@@ -6,10 +6,12 @@ use serde_json::{Map, Value};
 
 use super::DEFAULT_URL;
 
-const SESSION_HELP: &str = "Tasks belong to the MCP session that created them: a new session sees \
-none of another session's tasks. Pass --session with that session's id: the one `taskbroker call \
---task` prints (open while the call runs, and after a Ctrl-C that leaves the task running), or one \
-given to `taskbroker call --session`.";
+const SESSION_HELP: &str = "Without tokens, tasks belong to the MCP session that created them \
+(with tokens, to the token's principal). `taskbroker call` and `taskbroker tasks` share one \
+session per broker URL (and token), kept in $XDG_STATE_HOME/taskbroker/cli.json (else \
+~/.local/state/taskbroker/cli.json), so these commands see the tasks `taskbroker call --task` \
+started, across invocations and broker restarts. --session ID looks at another session's tasks \
+instead.";
 
 const EXIT_HELP: &str = "Exit codes: 0 success; 1 the tool failed (isError, task failed or \
 cancelled, JSON-RPC error); 2 usage error (bad --args JSON, bad URL); 3 server unreachable or \
@@ -21,8 +23,9 @@ pub struct Connection {
     /// MCP endpoint of the broker (http:// only).
     #[arg(long, env = "TASKBROKER_URL", default_value = DEFAULT_URL, value_parser = parse_url)]
     pub url: Url,
-    /// Reuse this MCP session (its Mcp-Session-Id) instead of starting a
-    /// new one; it is not ended afterwards.
+    /// Use this MCP session (its Mcp-Session-Id). Otherwise `call` and
+    /// `tasks` use the session they keep for this broker in their state
+    /// file, and `bench` opens one per client.
     #[arg(long, value_name = "ID")]
     pub session: Option<String>,
     /// Bearer token, when the broker requires one (`taskbroker token create`).
@@ -43,6 +46,10 @@ pub struct CallArgs {
     /// fetch its result. Ctrl-C asks whether to cancel it.
     #[arg(long)]
     pub task: bool,
+    /// With --task: print the task id on stdout and return at once; look
+    /// at it later with `taskbroker tasks get|result|cancel ID`.
+    #[arg(long, requires = "task")]
+    pub detach: bool,
     /// Requested task lifetime in milliseconds (the server may clamp it).
     #[arg(long, value_name = "MS", requires = "task", value_parser = clap::value_parser!(u64).range(1..))]
     pub ttl: Option<u64>,
@@ -66,8 +73,9 @@ pub struct TasksArgs {
 /// The `tasks` subcommands.
 #[derive(Debug, Clone, Subcommand)]
 pub enum TasksCommand {
-    /// One line per task of the session: taskId, status, lastUpdatedAt,
-    /// statusMessage (newest first).
+    /// One line per task of the session: taskId, status, tool (for tasks
+    /// this client started; "-" otherwise), lastUpdatedAt, statusMessage
+    /// (newest first).
     #[command(after_help = SESSION_HELP)]
     List {
         /// Page through every task (tasks/list nextCursor), not just the first page.

@@ -3,8 +3,10 @@
 //! [`McpClient`] is a small Streamable HTTP client: it initializes a session
 //! (or reuses one), sends requests and accepts either a JSON or an SSE
 //! answer, hands notifications seen on an SSE answer to a callback, resumes
-//! a dropped SSE stream with `Last-Event-ID`, and ends its session with
-//! DELETE. The subcommands on top of it are [`call()`] and [`tasks()`].
+//! a dropped SSE stream with `Last-Event-ID`, and can end its session with
+//! DELETE. The subcommands on top of it are [`call()`] and [`tasks()`]; they
+//! keep one session per broker in the user's state folder ([`state`],
+//! [`session`]), so `tasks` sees what `call --task` started.
 
 mod bench;
 mod call;
@@ -12,7 +14,9 @@ mod cli;
 mod error;
 mod output;
 mod progress;
+mod session;
 pub mod sse;
+mod state;
 mod tasks;
 
 use std::sync::atomic::{AtomicI64, Ordering};
@@ -130,9 +134,22 @@ impl McpClient {
         self.session.as_deref()
     }
 
-    /// Keep the session alive after [`McpClient::close`] (e.g. to fetch a
-    /// task's result from it later).
-    pub fn keep_session(&mut self) {
+    /// Send `Authorization: Bearer <token>` with every request.
+    pub fn set_token(&mut self, token: Option<String>) {
+        self.token = token;
+    }
+
+    /// Use an existing session (made by another process, or an earlier
+    /// invocation): [`McpClient::close`] leaves it alone.
+    pub fn use_session(&mut self, session_id: &str) {
+        self.session = Some(session_id.to_owned());
+        self.owns_session = false;
+    }
+
+    /// Forget the session (the server no longer knows it), before
+    /// [`McpClient::initialize`] makes a new one.
+    pub fn forget_session(&mut self) {
+        self.session = None;
         self.owns_session = false;
     }
 

@@ -1,13 +1,13 @@
 //! `taskbroker tasks list|get|result|cancel`: quick inspection of the tasks
-//! of a session.
+//! of a session: the one the client keeps for the broker (see
+//! [`super::session`]), or `--session ID`.
 
 use serde_json::{Value, json};
 
 use super::output::{is_error, print_json};
-use super::{
-    Connection, EXIT_FAILURE, EXIT_OK, EXIT_UNREACHABLE, McpClient, McpError, TasksArgs,
-    TasksCommand,
-};
+use super::session::{CliSession, Origin};
+use super::state::BrokerState;
+use super::{EXIT_FAILURE, EXIT_OK, EXIT_UNREACHABLE, McpError, TasksArgs, TasksCommand};
 
 /// Run `taskbroker tasks ...`; returns the process exit code.
 pub async fn run(args: TasksArgs) -> u8 {
@@ -17,35 +17,34 @@ pub async fn run(args: TasksArgs) -> u8 {
         | TasksCommand::Result { conn, .. }
         | TasksCommand::Cancel { conn, .. } => conn,
     };
-    let client = match McpClient::open(conn).await {
+    let cli = match CliSession::open(conn).await {
         Ok(c) => c,
         Err(e) => {
             eprintln!("taskbroker: {e}");
             return EXIT_UNREACHABLE;
         }
     };
-    let code = match &args.command {
-        TasksCommand::List { all, .. } => list(&client, *all, conn).await,
-        TasksCommand::Get { id, .. } => show(&client, "tasks/get", id, conn).await,
-        TasksCommand::Result { id, .. } => show(&client, "tasks/result", id, conn).await,
-        TasksCommand::Cancel { id, .. } => show(&client, "tasks/cancel", id, conn).await,
-    };
-    client.close().await;
-    code
+    match &args.command {
+        TasksCommand::List { all, .. } => list(&cli, *all).await,
+        TasksCommand::Get { id, .. } => show(&cli, "tasks/get", id).await,
+        TasksCommand::Result { id, .. } => show(&cli, "tasks/result", id).await,
+        TasksCommand::Cancel { id, .. } => show(&cli, "tasks/cancel", id).await,
+    }
 }
 
 /// tasks/list, one line per task; every page with `all`.
-async fn list(client: &McpClient, all: bool, conn: &Connection) -> u8 {
+async fn list(cli: &CliSession, all: bool) -> u8 {
     let mut cursor: Option<String> = None;
     let mut count = 0usize;
+    let remembered = cli.state.load();
     loop {
         let params = match &cursor {
             Some(c) => json!({ "cursor": c }),
             None => json!({}),
         };
-        let page = match client.request("tasks/list", params).await {
+        let page = match cli.client.request("tasks/list", params).await {
             Ok(page) => page,
-            Err(e) => return fail(&e, conn),
+            Err(e) => return fail(&e, cli).await,
         };
         let tasks = page
             .get("tasks")
@@ -53,7 +52,7 @@ async fn list(client: &McpClient, all: bool, conn: &Connection) -> u8 {
             .map(Vec::as_slice)
             .unwrap_or_default();
         for task in tasks {
-            println!("{}", line(task));
+            println!("{}", line(task, &remembered));
         }
         count += tasks.len();
         cursor = page
@@ -67,25 +66,29 @@ async fn list(client: &McpClient, all: bool, conn: &Connection) -> u8 {
         }
         break;
     }
-    if count == 0 && conn.session.is_none() {
+    if count == 0 && cli.origin == Origin::New {
         eprintln!(
-            "taskbroker: no tasks: a new session sees none; pass --session ID to list the tasks of an existing session"
+            "taskbroker: no tasks: this client had no session with {} yet (tasks started with `taskbroker call --task` show here; pass --session ID for another session's tasks)",
+            cli.client.url()
         );
     }
     EXIT_OK
 }
 
-/// `taskId  status  lastUpdatedAt  statusMessage`.
-fn line(task: &Value) -> String {
+/// `taskId  status  tool  lastUpdatedAt  statusMessage`; the tool is known
+/// for tasks this client started (a Task does not name its tool), else `-`.
+fn line(task: &Value, remembered: &BrokerState) -> String {
     let field = |name: &str| task.get(name).and_then(Value::as_str).unwrap_or("-");
     let message = task
         .get("statusMessage")
         .and_then(Value::as_str)
         .unwrap_or("");
+    let tool = remembered.tool_of(field("taskId")).unwrap_or("-");
     format!(
-        "{}  {:<14}  {}  {}",
+        "{}  {:<14}  {:<12}  {}  {}",
         field("taskId"),
         field("status"),
+        tool,
         field("lastUpdatedAt"),
         message
     )
@@ -95,8 +98,8 @@ fn line(task: &Value) -> String {
 
 /// tasks/get, tasks/result or tasks/cancel: the answer as pretty JSON; a
 /// result with `isError` exits 1 too.
-async fn show(client: &McpClient, method: &str, id: &str, conn: &Connection) -> u8 {
-    match client.request(method, json!({ "taskId": id })).await {
+async fn show(cli: &CliSession, method: &str, id: &str) -> u8 {
+    match cli.client.request(method, json!({ "taskId": id })).await {
         Ok(answer) => {
             print_json(&answer);
             if method == "tasks/result" && is_error(&answer) {
@@ -105,19 +108,31 @@ async fn show(client: &McpClient, method: &str, id: &str, conn: &Connection) -> 
                 EXIT_OK
             }
         }
-        Err(e) => fail(&e, conn),
+        Err(e) => fail(&e, cli).await,
     }
 }
 
-/// Print an error; hint at `--session` when a task was not found without one.
-fn fail(e: &McpError, conn: &Connection) -> u8 {
+/// Print an error. A stored session the broker no longer knows is said
+/// plainly (and forgotten); a task not found in the client's own session
+/// gets a hint at `--session`.
+async fn fail(e: &McpError, cli: &CliSession) -> u8 {
+    let url = cli.client.url();
+    if cli.lost_stored_session(e) {
+        cli.forget().await;
+        eprintln!(
+            "taskbroker: tasks: the client's session with {url} is gone: the broker no longer knows session {} (a new or replaced database?) (its tasks cannot be reached; the session is forgotten, and the next `taskbroker call` opens a new one)",
+            cli.client.session_id().unwrap_or("none")
+        );
+        return EXIT_FAILURE;
+    }
     eprintln!("taskbroker: {e}");
     let not_found = e
         .rpc()
         .is_some_and(|r| r.message.to_ascii_lowercase().contains("not found"));
-    if not_found && conn.session.is_none() {
+    if not_found && cli.origin != Origin::Given {
         eprintln!(
-            "taskbroker: tasks are visible only to the session that created them; pass --session ID"
+            "taskbroker: this client sees the tasks of its own session with {url} ({}); pass --session ID for another session's tasks",
+            cli.client.session_id().unwrap_or("none")
         );
     }
     e.exit_code()
@@ -134,8 +149,8 @@ mod tests {
             "lastUpdatedAt": "2025-11-25T10:30:00.123Z", "statusMessage": "slept 1 of 2 s"
         });
         assert_eq!(
-            line(&task),
-            "t1  working         2025-11-25T10:30:00.123Z  slept 1 of 2 s"
+            line(&task, &BrokerState::default()),
+            "t1  working         -             2025-11-25T10:30:00.123Z  slept 1 of 2 s"
         );
     }
 }

@@ -609,3 +609,47 @@ pub fn pid_alive(pid: i32) -> bool {
         Err(_) => false,
     }
 }
+
+impl Server {
+    /// Start a server with a fresh database of its own on `port` (e.g. the
+    /// port of a server just killed: a new database behind the same URL),
+    /// retrying while the old socket lingers.
+    pub fn start_fresh_on(port: u16, extra: &[&str]) -> Self {
+        let dir = tempfile::Builder::new()
+            .prefix("taskbroker-test-")
+            .tempdir()
+            .expect("tempdir");
+        let path = dir.path().to_path_buf();
+        let mut args: Vec<String> = extra.iter().map(|s| s.to_string()).collect();
+        args.push("--listen".into());
+        args.push(format!("127.0.0.1:{port}"));
+        let deadline = Instant::now() + Duration::from_secs(10);
+        loop {
+            match try_spawn(&path, &args) {
+                Ok((child, url)) => {
+                    return Self {
+                        child: Some(child),
+                        url,
+                        dir: path,
+                        keep: Some(dir),
+                        args,
+                    };
+                }
+                Err(e) if Instant::now() < deadline => {
+                    eprintln!("start retry: {e}");
+                    std::thread::sleep(Duration::from_millis(200));
+                }
+                Err(e) => panic!("start on port {port} failed: {e}"),
+            }
+        }
+    }
+
+    /// The port the server listens on.
+    pub fn port(&self) -> u16 {
+        self.url
+            .rsplit(':')
+            .next()
+            .and_then(|p| p.trim_end_matches("/mcp").parse().ok())
+            .expect("a port in the URL")
+    }
+}
