@@ -20,7 +20,7 @@ use std::time::Instant;
 
 use rusqlite::{Connection, TransactionBehavior, params};
 use serde_json::{Value, json};
-use taskbroker::store::{Durability, Store, TaskOutcome, WriteOp};
+use taskbroker::store::{Durability, Store, TaskOutcome, ToolQuota, WriteOp};
 
 const LEASE_MS: i64 = 30_000;
 const T0: i64 = 1_700_000_000_000;
@@ -28,21 +28,43 @@ const T0: i64 = 1_700_000_000_000;
 // The statements below are the store's own (src/store/jobs.rs and
 // src/store/batch.rs), copied: sqlx's macros keep their SQL to themselves.
 
-const CLAIM: &str = "UPDATE jobs SET state = 'running', attempt = attempt + 1, lease_owner = ?1,
-        lease_token = ?2, lease_expires_at = ?3
-  WHERE task_seq IN (SELECT task_seq FROM jobs
-                      WHERE state = 'queued' AND run_after <= ?4
-                      ORDER BY priority, task_seq LIMIT ?5)
- RETURNING task_seq,
-           (SELECT task_id FROM tasks WHERE seq = task_seq),
-           (SELECT tool FROM tasks WHERE seq = task_seq),
-           (SELECT arguments FROM tasks WHERE seq = task_seq),
-           (SELECT progress_token FROM tasks WHERE seq = task_seq),
-           attempt, max_attempts, priority, lease_token";
+const CLAIM: &str = "WITH quota AS (SELECT value ->> 'tool' AS tool, value ->> 'free' AS free,
+                             value ->> 'global' AS global
+                        FROM json_each(?6)),
+             running AS (SELECT r.tool, count(*) AS n
+                           FROM jobs r JOIN tasks t ON t.seq = r.task_seq
+                          WHERE r.state = 'running' AND t.status = 'working'
+                            AND r.tool IN (SELECT tool FROM quota WHERE global IS NOT NULL)
+                          GROUP BY r.tool),
+             cap AS (SELECT q.tool,
+                            min(q.free, coalesce(q.global - coalesce(r.n, 0), q.free)) AS n
+                       FROM quota q LEFT JOIN running r ON r.tool = q.tool),
+             head AS (SELECT task_seq, priority, tool FROM jobs
+                       WHERE state = 'queued' AND run_after <= ?4
+                         AND tool IN (SELECT tool FROM cap WHERE n > 0)
+                       ORDER BY priority, task_seq LIMIT ?7),
+             ranked AS (SELECT task_seq, priority, tool,
+                               row_number() OVER (PARTITION BY tool ORDER BY priority, task_seq) AS rn
+                          FROM head)
+        UPDATE jobs SET state = 'running', attempt = attempt + 1, lease_owner = ?1,
+               lease_token = ?2, lease_expires_at = ?3, changed_at = ?4
+         WHERE task_seq IN (SELECT k.task_seq FROM ranked k JOIN cap c ON c.tool = k.tool
+                             WHERE k.rn <= c.n
+                             ORDER BY k.priority, k.task_seq LIMIT ?5)
+        RETURNING task_seq,
+                  (SELECT task_id FROM tasks WHERE seq = task_seq),
+                  tool,
+                  (SELECT arguments FROM tasks WHERE seq = task_seq),
+                  (SELECT progress_token FROM tasks WHERE seq = task_seq),
+                  attempt, max_attempts, priority, lease_token";
+
+/// The quota the store builds for one tool with N free slots.
+const QUOTA: &str = r#"[{"tool":"sleep","free":N,"global":null}]"#;
 
 const COMPLETE_JOB: &str =
-    "UPDATE jobs SET state = 'done', lease_token = NULL, lease_expires_at = NULL, finished_at = ?
-  WHERE task_seq = ? AND lease_token = ? AND state = 'running'";
+    "UPDATE jobs SET state = 'done', lease_token = NULL, lease_expires_at = NULL,
+        finished_at = ?1, changed_at = ?1, last_error = NULL
+  WHERE task_seq = ?2 AND lease_token = ?3 AND state = 'running'";
 
 const COMPLETE_TASK: &str =
     "UPDATE tasks SET status = ?, status_message = ?, result = ?, result_kind = ?,
@@ -50,7 +72,8 @@ const COMPLETE_TASK: &str =
   WHERE seq = ? AND status IN ('working', 'input_required')";
 
 const COMPLETE_JOBS_GROUPED: &str =
-    "UPDATE jobs SET state = 'done', lease_token = NULL, lease_expires_at = NULL, finished_at = ?1
+    "UPDATE jobs SET state = 'done', lease_token = NULL, lease_expires_at = NULL,
+        finished_at = ?1, changed_at = ?1, last_error = NULL
    FROM (SELECT value ->> 'seq' AS seq, value ->> 'token' AS token FROM json_each(?2)) AS c
   WHERE jobs.task_seq = c.seq AND jobs.lease_token = c.token AND jobs.state = 'running'
  RETURNING task_seq";
@@ -102,7 +125,7 @@ async fn fresh(dir: &Path, name: &str, jobs: usize, durability: Durability) -> s
             )
             .unwrap();
         let mut job = tx
-            .prepare("INSERT INTO jobs (task_seq, max_attempts, run_after) VALUES (?, 3, ?)")
+            .prepare("INSERT INTO jobs (task_seq, tool, max_attempts, run_after) VALUES (?, 'sleep', 3, ?)")
             .unwrap();
         for i in 0..jobs {
             task.execute(params![format!("task-{i}"), T0, T0]).unwrap();
@@ -127,7 +150,15 @@ fn raw_loop(path: &Path, durability: Durability, batch: usize) -> usize {
             let mut claim = conn.prepare_cached(CLAIM).unwrap();
             claim
                 .query_map(
-                    params!["bench", token, now + LEASE_MS, now, batch as i64],
+                    params![
+                        "bench",
+                        token,
+                        now + LEASE_MS,
+                        now,
+                        batch as i64,
+                        QUOTA.replace("N", &batch.to_string()),
+                        4 * batch as i64
+                    ],
                     |r| r.get(0),
                 )
                 .unwrap()
@@ -198,7 +229,18 @@ async fn store_loop(path: &Path, durability: Durability, batch: usize) -> usize 
         let token = format!("lease-{round}");
         let now = T0 + 1;
         let claimed = store
-            .job_claim_available("bench", &token, batch as i64, LEASE_MS, now)
+            .job_claim_available(
+                "bench",
+                &token,
+                &[ToolQuota {
+                    tool: "sleep".into(),
+                    free: batch as i64,
+                    global: None,
+                }],
+                batch as i64,
+                LEASE_MS,
+                now,
+            )
             .await
             .unwrap();
         if claimed.is_empty() {

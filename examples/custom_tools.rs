@@ -37,6 +37,8 @@ impl WordCount {
                 })),
                 task_support: TaskSupport::Optional,
                 max_attempts: 3,
+                concurrency: None,
+                global_concurrency: None,
             },
         }
     }

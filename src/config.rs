@@ -146,6 +146,10 @@ pub struct ToolSection {
     pub max_output: Option<usize>,
     /// Wait between TERM and KILL (default 5 s).
     pub kill_grace: Option<Spanned<DurationValue>>,
+    /// Runs at once in one process (default [`DEFAULT_COMMAND_CONCURRENCY`]).
+    pub concurrency: Option<Spanned<i64>>,
+    /// Runs at once across every process on the database (default: none).
+    pub global_concurrency: Option<Spanned<i64>>,
 }
 
 /// The whole file.
@@ -188,6 +192,11 @@ impl std::fmt::Debug for Config {
 }
 
 const DEFAULT_MAX_OUTPUT: usize = 1024 * 1024;
+/// Runs of one command tool at once in one process, unless its `[[tool]]`
+/// says otherwise: command tools mostly wait (on APIs, disks, networks,
+/// people), so a new user's ten shell tasks all start at once on a small
+/// machine; a CPU-heavy tool sets its own lower `concurrency`.
+pub const DEFAULT_COMMAND_CONCURRENCY: usize = 32;
 const DEFAULT_KILL_GRACE: Duration = Duration::from_secs(5);
 
 impl Config {
@@ -335,6 +344,9 @@ impl Config {
                     ));
                 }
             };
+            let concurrency = self.positive(&section.concurrency, &name, "concurrency")?;
+            let global_concurrency =
+                self.positive(&section.global_concurrency, &name, "global_concurrency")?;
             let input_schema = self
                 .schema(&section.input_schema, &name, "input_schema")?
                 .unwrap_or_else(|| serde_json::json!({ "type": "object" }));
@@ -372,6 +384,9 @@ impl Config {
                 output_schema,
                 task_support,
                 max_attempts,
+                concurrency: Some(concurrency.unwrap_or(DEFAULT_COMMAND_CONCURRENCY)),
+                global_concurrency: global_concurrency
+                    .map(|n| u32::try_from(n).unwrap_or(u32::MAX)),
             };
             tools.push(Arc::new(CommandTool::new(def, spec)));
         }
@@ -425,6 +440,25 @@ impl Config {
         let mut argv = argv.to_vec();
         argv[0] = path;
         Ok(argv)
+    }
+
+    /// A count of at least 1 (and at most 100,000), with the line on error.
+    fn positive(
+        &self,
+        value: &Option<Spanned<i64>>,
+        name: &str,
+        key: &str,
+    ) -> Result<Option<usize>, ConfigError> {
+        match value {
+            None => Ok(None),
+            Some(v) => match usize::try_from(*v.get_ref()) {
+                Ok(n) if (1..=100_000).contains(&n) => Ok(Some(n)),
+                _ => Err(self.error(
+                    self.line_of(v.span().start),
+                    format!("tool '{name}': {key} must be a whole number from 1 to 100000"),
+                )),
+            },
+        }
     }
 
     fn schema(

@@ -93,7 +93,8 @@ struct ServeArgs {
     /// Address to listen on; port 0 picks a free port [default: 127.0.0.1:8808].
     #[arg(long, env = "TASKBROKER_LISTEN")]
     listen: Option<SocketAddr>,
-    /// Embedded workers (jobs run at once) [default: one per core]; 0 leaves
+    /// Jobs the embedded pool runs at once, all tools together (a tool's
+    /// own `concurrency` may be lower) [default: 256]; 0 leaves
     /// execution to `taskbroker worker` processes.
     #[arg(long, env = "TASKBROKER_WORKERS")]
     workers: Option<usize>,
@@ -165,7 +166,8 @@ struct WorkerArgs {
     /// SQLite database file; must exist with the current schema [default: taskbroker.db].
     #[arg(long, env = "TASKBROKER_DB")]
     db: Option<PathBuf>,
-    /// Jobs run at once [default: one per core].
+    /// Jobs run at once, all tools together (a tool's own `concurrency` may
+    /// be lower) [default: 256].
     #[arg(long, env = "TASKBROKER_CONCURRENCY", value_parser = clap::value_parser!(u64).range(1..=10_000))]
     concurrency: Option<u64>,
     /// Job lease in seconds [default: 30].
@@ -234,12 +236,6 @@ fn lease_setting(lease: Duration) -> anyhow::Result<Duration> {
 
 fn ms(d: Duration) -> i64 {
     i64::try_from(d.as_millis()).unwrap_or(i64::MAX)
-}
-
-fn cores() -> usize {
-    std::thread::available_parallelism()
-        .map(usize::from)
-        .unwrap_or(1)
 }
 
 fn load_config(path: Option<&PathBuf>) -> anyhow::Result<Config> {
@@ -326,7 +322,10 @@ impl ServeArgs {
                 .listen
                 .or(s.listen)
                 .unwrap_or_else(|| SocketAddr::from(([127, 0, 0, 1], 8808))),
-            workers: self.workers.or(s.workers).unwrap_or_else(cores),
+            workers: self
+                .workers
+                .or(s.workers)
+                .unwrap_or(taskbroker::worker::DEFAULT_CONCURRENCY),
             lease,
             grace,
             durability: durability(self.durability, &s.durability)?,
@@ -386,7 +385,7 @@ impl WorkerArgs {
                 .concurrency
                 .map(|c| c as usize)
                 .or(w.concurrency)
-                .unwrap_or_else(cores),
+                .unwrap_or(taskbroker::worker::DEFAULT_CONCURRENCY),
             lease,
             grace,
             durability: durability(self.durability, &s.durability)?,

@@ -25,7 +25,7 @@ use sqlx::SqlitePool;
 use sqlx::sqlite::{SqliteConnectOptions, SqlitePoolOptions};
 use taskbroker::store::{
     CancelOutcome, ClaimedJob, Durability, NewJob, NewSession, NewTask, RescueReport, Store,
-    StoreError, TaskOutcome, TaskRow, WriteOp,
+    StoreError, TaskOutcome, TaskRow, ToolQuota, WriteOp,
 };
 use tempfile::TempDir;
 
@@ -231,9 +231,18 @@ async fn get(store: &Store, task_id: &str) -> TaskRow {
 }
 
 /// Claim exactly one job and return it.
+/// A claim's quota for the tool of [`new_task`]: `n` jobs of `echo`.
+fn echo(n: i64) -> Vec<ToolQuota> {
+    vec![ToolQuota {
+        tool: "echo".into(),
+        free: n,
+        global: None,
+    }]
+}
+
 async fn claim_one(store: &Store, worker: &str, token: &str, now: i64) -> ClaimedJob {
     let mut jobs = store
-        .job_claim_available(worker, token, 1, LEASE_MS, now)
+        .job_claim_available(worker, token, &echo(1), 1, LEASE_MS, now)
         .await
         .expect("claim");
     assert_eq!(jobs.len(), 1, "expected exactly one claimable job");
@@ -437,7 +446,7 @@ async fn task_create_without_job_starts_working_t9() {
     // Nothing to claim: the task has no job.
     let claimed = db
         .store
-        .job_claim_available("w", "lease-1", 10, LEASE_MS, T0 + 1)
+        .job_claim_available("w", "lease-1", &echo(10), 10, LEASE_MS, T0 + 1)
         .await
         .unwrap();
     assert!(claimed.is_empty());
@@ -772,7 +781,7 @@ async fn task_cancel_finishes_a_queued_job() {
     // Nothing left to claim.
     let claimed = db
         .store
-        .job_claim_available("w", "lease-1", 10, LEASE_MS, T0 + 20)
+        .job_claim_available("w", "lease-1", &echo(10), 10, LEASE_MS, T0 + 20)
         .await
         .unwrap();
     assert!(claimed.is_empty());
@@ -953,7 +962,7 @@ async fn task_purge_expired_deletes_task_job_and_history_t33_t34() {
     // Give "short" more history: claim and complete it.
     let claimed = db
         .store
-        .job_claim_available("w1", "lease-1", 1, LEASE_MS, T0)
+        .job_claim_available("w1", "lease-1", &echo(1), 1, LEASE_MS, T0)
         .await
         .unwrap();
     assert_eq!(claimed[0].task_seq, short.seq);
@@ -1224,7 +1233,7 @@ async fn job_claim_available_priority_then_age() {
     let now = T0 + 100;
     let claimed = db
         .store
-        .job_claim_available("w1", "lease-1", 10, LEASE_MS, now)
+        .job_claim_available("w1", "lease-1", &echo(10), 10, LEASE_MS, now)
         .await
         .unwrap();
     let ids: Vec<&str> = claimed.iter().map(|j| j.task_id.as_str()).collect();
@@ -1247,7 +1256,7 @@ async fn job_claim_available_priority_then_age() {
     // Running jobs are not claimed again.
     assert!(
         db.store
-            .job_claim_available("w2", "lease-2", 10, LEASE_MS, now)
+            .job_claim_available("w2", "lease-2", &echo(10), 10, LEASE_MS, now)
             .await
             .unwrap()
             .is_empty()
@@ -1271,14 +1280,14 @@ async fn job_claim_available_respects_limit() {
     let now = T0 + 100;
     let first = db
         .store
-        .job_claim_available("w1", "lease-1", 2, LEASE_MS, now)
+        .job_claim_available("w1", "lease-1", &echo(2), 2, LEASE_MS, now)
         .await
         .unwrap();
     let ids: Vec<&str> = first.iter().map(|j| j.task_id.as_str()).collect();
     assert_eq!(ids, vec!["t-0", "t-1"]);
     let second = db
         .store
-        .job_claim_available("w2", "lease-2", 2, LEASE_MS, now)
+        .job_claim_available("w2", "lease-2", &echo(2), 2, LEASE_MS, now)
         .await
         .unwrap();
     let ids: Vec<&str> = second.iter().map(|j| j.task_id.as_str()).collect();
@@ -1286,14 +1295,14 @@ async fn job_claim_available_respects_limit() {
     assert!(second.iter().all(|j| j.lease_token == "lease-2"));
     let third = db
         .store
-        .job_claim_available("w3", "lease-3", 2, LEASE_MS, now)
+        .job_claim_available("w3", "lease-3", &echo(2), 2, LEASE_MS, now)
         .await
         .unwrap();
     assert_eq!(third.len(), 1);
     assert_eq!(third[0].task_id, "t-4");
     assert!(
         db.store
-            .job_claim_available("w4", "lease-4", 2, LEASE_MS, now)
+            .job_claim_available("w4", "lease-4", &echo(2), 2, LEASE_MS, now)
             .await
             .unwrap()
             .is_empty()
@@ -1314,7 +1323,7 @@ async fn job_claim_available_skips_run_after_in_the_future() {
         .unwrap();
     assert!(
         db.store
-            .job_claim_available("w1", "lease-0", 10, LEASE_MS, T0 - 1)
+            .job_claim_available("w1", "lease-0", &echo(10), 10, LEASE_MS, T0 - 1)
             .await
             .unwrap()
             .is_empty(),
@@ -1322,7 +1331,7 @@ async fn job_claim_available_skips_run_after_in_the_future() {
     );
     let claimed = db
         .store
-        .job_claim_available("w1", "lease-1", 10, LEASE_MS, T0 + 4_999)
+        .job_claim_available("w1", "lease-1", &echo(10), 10, LEASE_MS, T0 + 4_999)
         .await
         .unwrap();
     assert_eq!(
@@ -1335,7 +1344,7 @@ async fn job_claim_available_skips_run_after_in_the_future() {
     // run_after <= now: runnable exactly at run_after.
     let claimed = db
         .store
-        .job_claim_available("w1", "lease-2", 10, LEASE_MS, T0 + 5_000)
+        .job_claim_available("w1", "lease-2", &echo(10), 10, LEASE_MS, T0 + 5_000)
         .await
         .unwrap();
     assert_eq!(
@@ -1757,7 +1766,7 @@ async fn job_rescue_expired_requeues_with_backoff_while_attempts_remain() {
     // Not claimable before run_after; claimable at it, as attempt 2.
     assert!(
         db.store
-            .job_claim_available("w2", "lease-2", 10, LEASE_MS, j.run_after - 1)
+            .job_claim_available("w2", "lease-2", &echo(10), 10, LEASE_MS, j.run_after - 1)
             .await
             .unwrap()
             .is_empty()
@@ -1876,7 +1885,7 @@ async fn job_rescue_expired_fails_task_when_attempts_are_exhausted() {
     );
     assert!(
         db.store
-            .job_claim_available("w3", "lease-3", 10, LEASE_MS, r2 + 10 * LEASE_MS)
+            .job_claim_available("w3", "lease-3", &echo(10), 10, LEASE_MS, r2 + 10 * LEASE_MS)
             .await
             .unwrap()
             .is_empty()
@@ -1926,7 +1935,7 @@ async fn job_rescue_expired_closes_jobs_of_cancelled_tasks_t22() {
     );
     assert!(
         db.store
-            .job_claim_available("w2", "lease-2", 10, LEASE_MS, at + 10 * LEASE_MS)
+            .job_claim_available("w2", "lease-2", &echo(10), 10, LEASE_MS, at + 10 * LEASE_MS)
             .await
             .unwrap()
             .is_empty()
@@ -1963,7 +1972,7 @@ async fn job_rescue_expired_mixed_batch_counts_each_kind() {
         .unwrap();
     let claimed = db
         .store
-        .job_claim_available("w1", "lease-1", 10, LEASE_MS, T0)
+        .job_claim_available("w1", "lease-1", &echo(10), 10, LEASE_MS, T0)
         .await
         .unwrap();
     assert_eq!(claimed.len(), 4);
@@ -2031,7 +2040,7 @@ async fn two_claimers_racing_for_one_job_exactly_one_wins() {
             tokio::spawn(async move {
                 barrier.wait().await;
                 store
-                    .job_claim_available(worker, &token, 5, LEASE_MS, now)
+                    .job_claim_available(worker, &token, &echo(5), 5, LEASE_MS, now)
                     .await
             })
         };
@@ -2091,7 +2100,7 @@ async fn two_claimers_draining_one_queue_never_share_a_job() {
             for n in 0.. {
                 let token = format!("{worker}-{n}");
                 let jobs = store
-                    .job_claim_available(worker, &token, 3, LEASE_MS, T0 + 1)
+                    .job_claim_available(worker, &token, &echo(3), 3, LEASE_MS, T0 + 1)
                     .await
                     .unwrap_or_else(|e| panic!("{worker}: claim failed: {e}"));
                 if jobs.is_empty() {
@@ -2570,7 +2579,7 @@ async fn write_batch_groups_creations_and_completions() {
         .unwrap();
     let claimed = db
         .store
-        .job_claim_available("w1", "lease-1", 10, LEASE_MS, T0 + 1)
+        .job_claim_available("w1", "lease-1", &echo(10), 10, LEASE_MS, T0 + 1)
         .await
         .unwrap();
     assert_eq!(claimed.len(), 2);
@@ -2737,6 +2746,7 @@ async fn write_batch_claim_sees_jobs_created_in_the_same_batch() {
     let claim = WriteOp::Claim {
         worker: "w1".into(),
         lease_token: "lease-1".into(),
+        quotas: echo(5),
         limit: 5,
         lease_ms: LEASE_MS,
         reply,

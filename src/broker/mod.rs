@@ -6,6 +6,7 @@ pub mod cursor;
 mod feed;
 pub mod maintenance;
 mod open_tasks;
+pub mod slots;
 mod status;
 mod wake;
 mod writer;

@@ -12,17 +12,20 @@
 use std::collections::HashSet;
 use std::sync::{Arc, Mutex};
 
-use tokio::sync::{Notify, OwnedSemaphorePermit, Semaphore, mpsc, oneshot};
+use tokio::sync::{Notify, mpsc, oneshot};
 
 use super::Feed;
+use super::slots::{Reservation, Slot, Slots};
 use crate::clock::now_ms;
-use crate::store::{ClaimedJob, NewJob, NewTask, Store, StoreError, TaskOutcome, TaskRow, WriteOp};
+use crate::store::{
+    ClaimedJob, NewJob, NewTask, Store, StoreError, TaskOutcome, TaskRow, ToolQuota, WriteOp,
+};
 
 /// Most writes in one transaction.
 const MAX_BATCH: usize = 512;
 
 /// A job claimed for the pool, with the slot it runs in.
-pub type HandedOff = (ClaimedJob, OwnedSemaphorePermit);
+pub type HandedOff = (ClaimedJob, Slot);
 
 /// Where the writer hands jobs to this process's worker pool.
 #[derive(Debug)]
@@ -31,8 +34,9 @@ pub struct Handoff {
     pub worker_id: String,
     /// The pool's lease length.
     pub lease_ms: i64,
-    /// The pool's free slots: a claim takes as many as it has jobs for.
-    pub slots: Arc<Semaphore>,
+    /// The pool's slots: a claim takes as many as it has jobs for, within
+    /// each tool's.
+    pub slots: Arc<Slots>,
     /// The pool's inbox.
     pub jobs: mpsc::UnboundedSender<HandedOff>,
 }
@@ -165,11 +169,13 @@ impl Writer {
         answer.await.map_err(|_| gone())?
     }
 
-    /// Claim up to `limit` jobs for `worker` in the next group commit.
+    /// Claim up to `limit` jobs for `worker`, within each tool's quota, in
+    /// the next group commit.
     pub async fn claim(
         &self,
         worker: &str,
         lease_token: &str,
+        quotas: Vec<ToolQuota>,
         limit: i64,
         lease_ms: i64,
     ) -> Result<Vec<ClaimedJob>, StoreError> {
@@ -178,6 +184,7 @@ impl Writer {
             .send(WriteOp::Claim {
                 worker: worker.to_owned(),
                 lease_token: lease_token.to_owned(),
+                quotas,
                 limit,
                 lease_ms,
                 reply,
@@ -192,7 +199,7 @@ impl Writer {
 /// lease token.
 type Pending = (
     oneshot::Receiver<Result<Vec<ClaimedJob>, StoreError>>,
-    OwnedSemaphorePermit,
+    Reservation,
     String,
 );
 
@@ -205,25 +212,18 @@ fn hand_off(
 ) -> Option<Pending> {
     let guard = pool.lock().unwrap_or_else(|p| p.into_inner());
     let handoff = guard.as_ref()?;
-    let free = handoff.slots.available_permits().min(queued);
-    if free == 0 {
-        return None;
-    }
-    let permits = handoff
-        .slots
-        .clone()
-        .try_acquire_many_owned(u32::try_from(free).ok()?)
-        .ok()?;
+    let reserved = handoff.slots.try_reserve(queued)?;
     let (reply, answer) = oneshot::channel();
     let token = uuid::Uuid::new_v4().to_string();
     batch.push(WriteOp::Claim {
         worker: handoff.worker_id.clone(),
         lease_token: token.clone(),
-        limit: free as i64,
+        quotas: reserved.quotas().to_vec(),
+        limit: i64::try_from(reserved.len()).unwrap_or(i64::MAX),
         lease_ms: handoff.lease_ms,
         reply,
     });
-    Some((answer, permits, token))
+    Some((answer, reserved, token))
 }
 
 /// Give the pool what the hand-off claim took, one slot each; unused slots
@@ -234,7 +234,7 @@ async fn deliver(
     store: &Store,
     pool: &Mutex<Option<Handoff>>,
     answer: oneshot::Receiver<Result<Vec<ClaimedJob>, StoreError>>,
-    mut permits: OwnedSemaphorePermit,
+    mut reserved: Reservation,
     token: &str,
 ) -> Vec<String> {
     let jobs = match answer.await {
@@ -251,7 +251,7 @@ async fn deliver(
         let mut guard = pool.lock().unwrap_or_else(|p| p.into_inner());
         for job in jobs {
             let task_id = job.task_id.clone();
-            let sent = match (guard.as_ref(), permits.split(1)) {
+            let sent = match (guard.as_ref(), reserved.take(&job.tool)) {
                 (Some(handoff), Some(slot)) => handoff.jobs.send((job, slot)).map_err(|e| e.0.0),
                 (_, _) => Err(job),
             };

@@ -21,6 +21,7 @@ use super::jobs::{claim_in, complete_in};
 use super::tasks::create_in;
 use super::{
     BEGIN_IMMEDIATE, ClaimedJob, NewJob, NewTask, Store, StoreError, TaskOutcome, TaskRow,
+    ToolQuota,
 };
 
 /// One write of a batch, with where its result goes (after the commit).
@@ -57,6 +58,8 @@ pub enum WriteOp {
         worker: String,
         /// The new lease.
         lease_token: String,
+        /// Jobs at most, per tool.
+        quotas: Vec<ToolQuota>,
         /// Jobs at most.
         limit: i64,
         /// Lease length.
@@ -187,11 +190,12 @@ async fn one_write(
         WriteOp::Claim {
             worker,
             lease_token,
+            quotas,
             limit,
             lease_ms,
             ..
         } => {
-            let r = claim_in(&mut sp, worker, lease_token, *limit, *lease_ms, now).await;
+            let r = claim_in(&mut sp, worker, lease_token, quotas, *limit, *lease_ms, now).await;
             (r.is_ok(), Done::Claim(r))
         }
     };
@@ -264,6 +268,7 @@ async fn grouped_writes(
             WriteOp::Claim {
                 worker,
                 lease_token,
+                quotas,
                 limit,
                 lease_ms,
                 ..
@@ -271,6 +276,7 @@ async fn grouped_writes(
                 conn,
                 worker,
                 lease_token,
+                quotas,
                 *limit,
                 *lease_ms,
                 now,
@@ -338,14 +344,15 @@ async fn create_many(
             .ok_or_else(|| StoreError::Batch("a grouped insert returned a stranger".into()))?;
         jobs.push(json!({
             "seq": row.seq,
+            "tool": row.tool,
             "max_attempts": job.max_attempts,
             "priority": job.priority,
         }));
     }
     let jobs = Value::Array(jobs).to_string();
     let inserted = sqlx::query!(
-        "INSERT INTO jobs (task_seq, max_attempts, priority, run_after)
-         SELECT value ->> 'seq', value ->> 'max_attempts', value ->> 'priority', ?1
+        "INSERT INTO jobs (task_seq, tool, max_attempts, priority, run_after)
+         SELECT value ->> 'seq', value ->> 'tool', value ->> 'max_attempts', value ->> 'priority', ?1
            FROM json_each(?2)",
         now,
         jobs

@@ -26,6 +26,19 @@ pub struct ClaimedJob {
     pub lease_token: String,
 }
 
+/// How many jobs of one tool a claim may take.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ToolQuota {
+    /// The tool.
+    pub tool: String,
+    /// Free slots for it in the claiming pool.
+    pub free: i64,
+    /// Its limit across every process on the database, if it has one:
+    /// the claim takes no more than this minus the tool's running jobs
+    /// (those of tasks waiting for client input do not count).
+    pub global: Option<i64>,
+}
+
 /// What a heartbeat learnt.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct HeartbeatOutcome {
@@ -46,19 +59,20 @@ pub struct RescueReport {
 
 impl Store {
     /// Claim up to `limit` runnable jobs for `worker`, by priority then age,
-    /// in one statement (its own transaction). All jobs of one claim share
-    /// the fresh `lease_token`. A new attempt abandons what an earlier one
-    /// asked the client (trigger `jobs_new_attempt`).
+    /// at most each tool's quota (jobs of tools without one are left), in
+    /// one statement (its own transaction). All jobs of one claim share the
+    /// fresh `lease_token`.
     pub async fn job_claim_available(
         &self,
         worker: &str,
         lease_token: &str,
+        quotas: &[ToolQuota],
         limit: i64,
         lease_ms: i64,
         now: i64,
     ) -> Result<Vec<ClaimedJob>, StoreError> {
         let mut conn = self.write.acquire().await?;
-        claim_in(&mut conn, worker, lease_token, limit, lease_ms, now).await
+        claim_in(&mut conn, worker, lease_token, quotas, limit, lease_ms, now).await
     }
 
     /// Extend the lease of a running job. `LeaseLost` when the token no
@@ -295,25 +309,65 @@ pub(super) async fn complete_in(
 
 /// The statement of `job_claim_available`, on the caller's connection (its
 /// own transaction, or the writer's group commit).
+///
+/// Each tool may take `min(free, global - running)` jobs (`cap`). The claim
+/// walks the queue by priority then age over tools whose cap is above zero
+/// only, reading at most `4 * limit` jobs (the `head`), and takes from it up
+/// to each tool's cap: a tool at its limit is skipped in the index, so it
+/// delays no other tool; each claim takes at least the head's first job, so
+/// every tool with room is reached within a few claims. The running count
+/// of a globally limited tool is read in the same write transaction as the
+/// claim, so the global limit holds whatever the number of processes.
 pub(super) async fn claim_in(
     conn: &mut sqlx::SqliteConnection,
     worker: &str,
     lease_token: &str,
+    quotas: &[ToolQuota],
     limit: i64,
     lease_ms: i64,
     now: i64,
 ) -> Result<Vec<ClaimedJob>, StoreError> {
+    if limit <= 0 || quotas.iter().all(|q| q.free <= 0) {
+        return Ok(Vec::new());
+    }
     let lease_expires_at = now + lease_ms;
+    let quotas = serde_json::Value::Array(
+        quotas
+            .iter()
+            .filter(|q| q.free > 0)
+            .map(|q| serde_json::json!({ "tool": q.tool, "free": q.free, "global": q.global }))
+            .collect(),
+    )
+    .to_string();
+    let head = limit.saturating_mul(4);
     let mut jobs = sqlx::query_as!(
         ClaimedJob,
-        r#"UPDATE jobs SET state = 'running', attempt = attempt + 1, lease_owner = ?1,
+        r#"WITH quota AS (SELECT value ->> 'tool' AS tool, value ->> 'free' AS free,
+                                value ->> 'global' AS global
+                           FROM json_each(?6)),
+                running AS (SELECT r.tool, count(*) AS n
+                              FROM jobs r JOIN tasks t ON t.seq = r.task_seq
+                             WHERE r.state = 'running' AND t.status = 'working'
+                               AND r.tool IN (SELECT tool FROM quota WHERE global IS NOT NULL)
+                             GROUP BY r.tool),
+                cap AS (SELECT q.tool,
+                               min(q.free, coalesce(q.global - coalesce(r.n, 0), q.free)) AS n
+                          FROM quota q LEFT JOIN running r ON r.tool = q.tool),
+                head AS (SELECT task_seq, priority, tool FROM jobs
+                          WHERE state = 'queued' AND run_after <= ?4
+                            AND tool IN (SELECT tool FROM cap WHERE n > 0)
+                          ORDER BY priority, task_seq LIMIT ?7),
+                ranked AS (SELECT task_seq, priority, tool,
+                                  row_number() OVER (PARTITION BY tool ORDER BY priority, task_seq) AS rn
+                             FROM head)
+           UPDATE jobs SET state = 'running', attempt = attempt + 1, lease_owner = ?1,
                   lease_token = ?2, lease_expires_at = ?3, changed_at = ?4
-            WHERE task_seq IN (SELECT task_seq FROM jobs
-                                WHERE state = 'queued' AND run_after <= ?4
-                                ORDER BY priority, task_seq LIMIT ?5)
+            WHERE task_seq IN (SELECT k.task_seq FROM ranked k JOIN cap c ON c.tool = k.tool
+                                WHERE k.rn <= c.n
+                                ORDER BY k.priority, k.task_seq LIMIT ?5)
            RETURNING task_seq AS "task_seq!",
                      (SELECT task_id FROM tasks WHERE seq = task_seq) AS "task_id!: String",
-                     (SELECT tool FROM tasks WHERE seq = task_seq) AS "tool!: String",
+                     tool AS "tool!: String",
                      (SELECT arguments FROM tasks WHERE seq = task_seq) AS "arguments!: String",
                      (SELECT progress_token FROM tasks WHERE seq = task_seq) AS "progress_token?: String",
                      attempt AS "attempt!", max_attempts AS "max_attempts!", priority AS "priority!",
@@ -322,7 +376,9 @@ pub(super) async fn claim_in(
         lease_token,
         lease_expires_at,
         now,
-        limit
+        limit,
+        quotas,
+        head
     )
     .fetch_all(&mut *conn)
     .await?;

@@ -26,7 +26,7 @@ use sqlx::sqlite::{
 };
 
 pub use batch::WriteOp;
-pub use jobs::{ClaimedJob, HeartbeatOutcome, RescueReport};
+pub use jobs::{ClaimedJob, HeartbeatOutcome, RescueReport, ToolQuota};
 pub use messages::{AnswerOutcome, TaskMessage};
 pub use sessions::{NewSession, SessionRow};
 pub use tasks::{CancelOutcome, NewJob, NewTask, ProgressEvent, TaskEvent, TaskOutcome, TaskRow};

@@ -452,8 +452,9 @@ pub(super) async fn create_in(
     .await?;
     if let Some(job) = job {
         sqlx::query!(
-            "INSERT INTO jobs (task_seq, max_attempts, priority, run_after) VALUES (?, ?, ?, ?)",
+            "INSERT INTO jobs (task_seq, tool, max_attempts, priority, run_after) VALUES (?, ?, ?, ?, ?)",
             seq,
+            new.tool,
             job.max_attempts,
             job.priority,
             now

@@ -40,6 +40,8 @@ fn fixture(name: &str, description: &str, input_schema: Value, body: Body) -> Ar
             output_schema: None,
             task_support: TaskSupport::Forbidden,
             max_attempts: 1,
+            concurrency: None,
+            global_concurrency: None,
         },
         body,
     })

@@ -36,6 +36,8 @@ impl Echo {
                 output_schema: None,
                 task_support: TaskSupport::Forbidden,
                 max_attempts: 3,
+                concurrency: None,
+                global_concurrency: None,
             },
         }
     }
@@ -86,6 +88,8 @@ impl Sleep {
                 output_schema: None,
                 task_support,
                 max_attempts: 3,
+                concurrency: None,
+                global_concurrency: None,
             },
         }
     }
@@ -142,6 +146,8 @@ impl Fail {
                 output_schema: None,
                 task_support: TaskSupport::Optional,
                 max_attempts: 3,
+                concurrency: None,
+                global_concurrency: None,
             },
         }
     }
@@ -194,6 +200,8 @@ impl Approve {
                 })),
                 task_support: TaskSupport::Optional,
                 max_attempts: 3,
+                concurrency: None,
+                global_concurrency: None,
             },
         }
     }

@@ -57,6 +57,14 @@ pub struct ToolDefinition {
     pub task_support: TaskSupport,
     /// Runs allowed when workers are lost before the task fails.
     pub max_attempts: i64,
+    /// Jobs of this tool one process runs at once (`None`: only the
+    /// process's own cap, `--workers`/`--concurrency`, applies). For tools
+    /// that use a scarce resource: CPU, memory, a licence, a rate-limited API.
+    pub concurrency: Option<usize>,
+    /// Jobs of this tool running at once across every process on the
+    /// database, enforced in the claim. Tasks waiting for client input do
+    /// not count.
+    pub global_concurrency: Option<u32>,
 }
 
 impl ToolDefinition {

@@ -7,19 +7,28 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::Duration;
 
 use serde_json::Value;
-use tokio::sync::{Notify, Semaphore, mpsc};
+use tokio::sync::{Notify, mpsc};
 use tokio_util::sync::CancellationToken;
 
+use crate::broker::slots::{Slot, Slots};
 use crate::broker::{Feed, FeedEvent, HandedOff, Handoff, Writer, outcome_to_record};
 use crate::clock::now_ms;
 use crate::mcp::RpcError;
 use crate::store::{ClaimedJob, NewWorker, Store, StoreError, TaskMessage};
 use crate::tools::{Registry, ToolContext, ToolEvent, ToolOutcome};
 
+/// Jobs one pool runs at once by default, all tools together. MCP tools
+/// mostly wait (on APIs, subprocesses, people), so the cap is not the
+/// number of cores: a running in-process job costs a few KB, a command
+/// tool's run a process (command tools have their own lower default, and
+/// a CPU-heavy tool sets its own `concurrency`).
+pub const DEFAULT_CONCURRENCY: usize = 256;
+
 /// How a pool runs.
 #[derive(Debug, Clone)]
 pub struct WorkerConfig {
-    /// Jobs run at once.
+    /// Jobs run at once in this process, whatever their tools (each tool
+    /// may have a lower limit of its own).
     pub concurrency: usize,
     /// Lease length; renewed every third of it.
     pub lease: Duration,
@@ -48,6 +57,8 @@ pub struct WorkerPool {
     running: Arc<AtomicUsize>,
     /// Group commit of completions.
     writer: Writer,
+    /// Free slots: the process's, and each capped tool's.
+    slots: Arc<Slots>,
 }
 
 fn millis(d: Duration) -> i64 {
@@ -73,6 +84,7 @@ impl WorkerPool {
             std::process::id(),
             &uuid::Uuid::new_v4().simple().to_string()[..8]
         );
+        let slots = Arc::new(Slots::new(config.concurrency, tools.definitions()));
         Self {
             store,
             tools,
@@ -82,6 +94,7 @@ impl WorkerPool {
             job_queued,
             running: Arc::new(AtomicUsize::new(0)),
             writer,
+            slots,
         }
     }
 
@@ -94,7 +107,7 @@ impl WorkerPool {
     /// jobs finish for up to the grace period, and release the rest so
     /// another worker takes them at once.
     pub async fn run(self, shutdown: CancellationToken) {
-        let concurrency = self.config.concurrency.max(1);
+        let concurrency = self.slots.cap();
         let registered = self
             .store
             .worker_register(
@@ -114,7 +127,6 @@ impl WorkerPool {
         }
         tracing::info!(worker = %self.worker_id, concurrency, "worker pool started");
         let heartbeat = tokio::spawn(self.clone().heartbeat_loop(shutdown.clone()));
-        let slots = Arc::new(Semaphore::new(concurrency));
         let release = CancellationToken::new();
         let mut jobs = tokio::task::JoinSet::new();
         // An embedded pool gets the jobs its server creates straight from
@@ -125,7 +137,7 @@ impl WorkerPool {
             self.writer.hand_off_to(Handoff {
                 worker_id: self.worker_id.clone(),
                 lease_ms: millis(self.config.lease),
-                slots: slots.clone(),
+                slots: self.slots.clone(),
                 jobs: handoff_tx,
             });
         } else {
@@ -146,17 +158,20 @@ impl WorkerPool {
         let feed_wakes = self.config.kind != "embedded";
         loop {
             while jobs.try_join_next().is_some() {}
-            while let Ok((job, permit)) = handed.try_recv() {
-                self.spawn_job(&mut jobs, job, permit, &release);
+            while let Ok((job, slot)) = handed.try_recv() {
+                self.spawn_job(&mut jobs, job, slot, &release);
             }
             if drained {
                 tokio::select! {
                     _ = shutdown.cancelled() => break,
-                    Some((job, permit)) = handed.recv() => {
-                        self.spawn_job(&mut jobs, job, permit, &release);
+                    Some((job, slot)) = handed.recv() => {
+                        self.spawn_job(&mut jobs, job, slot, &release);
                         continue;
                     }
                     _ = self.job_queued.notified() => { idle = IDLE_MIN; certain = true; }
+                    // A slot came back: a tool that was at its limit may
+                    // take a queued job now.
+                    _ = self.slots.freed() => { idle = IDLE_MIN; certain = false; }
                     // A job created, given back or rescued elsewhere: any
                     // commit is worth a look (a read first).
                     Ok(()) = commits.changed(), if feed_wakes => { idle = IDLE_MIN; certain = false; }
@@ -166,42 +181,50 @@ impl WorkerPool {
                     }
                 }
             }
-            let first = tokio::select! {
-                _ = shutdown.cancelled() => break,
-                Some((job, permit)) = handed.recv() => {
-                    self.spawn_job(&mut jobs, job, permit, &release);
-                    continue;
-                }
-                permit = slots.clone().acquire_owned() => match permit {
-                    Ok(p) => p,
-                    Err(_) => break,
-                },
-            };
-            commits.borrow_and_update();
             // Every slot is held before the claim: the writer's hand-off
             // takes slots too, and a claimed job must never lack one.
-            let mut permits = vec![first];
-            while let Ok(p) = slots.clone().try_acquire_owned() {
-                permits.push(p);
-            }
-            let want = permits.len();
-            let claimed = self.claim(want, certain).await;
+            let reserved = tokio::select! {
+                _ = shutdown.cancelled() => break,
+                Some((job, slot)) = handed.recv() => {
+                    self.spawn_job(&mut jobs, job, slot, &release);
+                    continue;
+                }
+                reserved = self.slots.reserve(self.slots.cap()) => reserved,
+            };
+            commits.borrow_and_update();
+            let Some(mut reserved) = reserved else {
+                // Every tool is at its limit: wait for a slot to come back.
+                drained = true;
+                continue;
+            };
+            let want = reserved.len();
+            let claimed = self.claim(&reserved, certain).await;
             drained = claimed.len() < want;
             certain = true;
             if claimed.is_empty() {
                 continue;
             }
             idle = IDLE_MIN;
-            // claimed.len() <= want: the claim's LIMIT; spare slots go back.
-            permits.truncate(claimed.len());
-            for (job, permit) in claimed.into_iter().zip(permits) {
-                self.spawn_job(&mut jobs, job, permit, &release);
+            // Within the reservation: the claim's limits; the rest goes back
+            // when it is dropped.
+            for job in claimed {
+                match reserved.take(&job.tool) {
+                    Some(slot) => self.spawn_job(&mut jobs, job, slot, &release),
+                    None => {
+                        tracing::error!(task_id = %job.task_id, tool = %job.tool,
+                                        "claim took more than its slots; job queued again");
+                        let _ = self
+                            .store
+                            .job_unclaim(job.task_seq, &job.lease_token, now_ms())
+                            .await;
+                    }
+                }
             }
         }
         // No more hand-offs; what was handed off already runs like the rest.
         self.writer.stop_hand_off();
-        while let Ok((job, permit)) = handed.try_recv() {
-            self.spawn_job(&mut jobs, job, permit, &release);
+        while let Ok((job, slot)) = handed.try_recv() {
+            self.spawn_job(&mut jobs, job, slot, &release);
         }
         self.shutdown(jobs, release).await;
         let _ = heartbeat.await;
@@ -220,22 +243,25 @@ impl WorkerPool {
         &self,
         jobs: &mut tokio::task::JoinSet<()>,
         job: ClaimedJob,
-        permit: tokio::sync::OwnedSemaphorePermit,
+        slot: Slot,
         release: &CancellationToken,
     ) {
         let pool = self.clone();
         let release = release.clone();
         jobs.spawn(async move {
             pool.running.fetch_add(1, Ordering::Relaxed);
-            pool.run_job(job, release).await;
+            pool.run_job(job, slot, release).await;
             pool.running.fetch_sub(1, Ordering::Relaxed);
-            drop(permit);
         });
     }
 
-    /// Claim up to `n` jobs. Unless jobs are `likely` there, a cheap read
-    /// (no write lock) looks first.
-    async fn claim(&self, n: usize, likely: bool) -> Vec<ClaimedJob> {
+    /// Claim what `reserved` has room for. Unless jobs are `likely` there,
+    /// a cheap read (no write lock) looks first.
+    async fn claim(
+        &self,
+        reserved: &crate::broker::slots::Reservation,
+        likely: bool,
+    ) -> Vec<ClaimedJob> {
         let now = now_ms();
         if !likely {
             match self.store.job_any_runnable(now).await {
@@ -249,7 +275,13 @@ impl WorkerPool {
         // with the creations and completions queued meanwhile.
         match self
             .writer
-            .claim(&self.worker_id, &token, n as i64, millis(self.config.lease))
+            .claim(
+                &self.worker_id,
+                &token,
+                reserved.quotas().to_vec(),
+                i64::try_from(reserved.len()).unwrap_or(i64::MAX),
+                millis(self.config.lease),
+            )
             .await
         {
             Ok(jobs) => jobs,
@@ -299,7 +331,16 @@ impl WorkerPool {
 
     /// Run one claimed job to its end, or until its lease is lost, its task
     /// cancelled, or `release` (shutdown after the grace period).
-    async fn run_job(&self, job: ClaimedJob, release: CancellationToken) {
+    ///
+    /// While the tool waits for its client's answers the job holds no slot:
+    /// the slot goes back when the question is stored, and the answers are
+    /// handed to the tool only once a slot is held again, so a thousand
+    /// tasks waiting for people delay nobody and the limits still hold for
+    /// the tools that run.
+    async fn run_job(&self, job: ClaimedJob, slot: Slot, release: CancellationToken) {
+        let mut slot = Some(slot);
+        // Answers the client gave, held until the job has a slot again.
+        let mut answered: Vec<(Answer, Result<Value, RpcError>)> = Vec::new();
         let started = std::time::Instant::now();
         tracing::info!(task_id = %job.task_id, tool = %job.tool, attempt = job.attempt, "job started");
         let (events_tx, mut events) = mpsc::unbounded_channel();
@@ -322,6 +363,14 @@ impl WorkerPool {
         // Requests to the client this run waits on: (request id, reply).
         let mut asks: Vec<(String, Answer)> = Vec::new();
         let outcome = loop {
+            if slot.is_some() && !answered.is_empty() {
+                for (reply, answer) in answered.drain(..) {
+                    let _ = reply.send(answer);
+                }
+                if !asks.is_empty() {
+                    slot = None;
+                }
+            }
             tokio::select! {
                 outcome = &mut tool_run => break Some(outcome),
                 _ = release.cancelled() => {
@@ -347,7 +396,11 @@ impl WorkerPool {
                     }
                     ToolEvent::Request { method, params, reply } => {
                         match self.ask_client(&job, &method, params).await {
-                            Ok(request_id) => asks.push((request_id, reply)),
+                            Ok(request_id) => {
+                                asks.push((request_id, reply));
+                                // Waiting for a person holds nothing.
+                                slot = None;
+                            }
                             Err(e) => {
                                 let _ = reply.send(Err(e));
                             }
@@ -364,16 +417,19 @@ impl WorkerPool {
                             break None;
                         }
                         if e.to_status == "working" && !asks.is_empty() {
-                            self.collect_answers(&mut asks).await;
+                            self.collect_answers(&mut asks, &mut answered).await;
                         }
                     }
                 }
                 _ = tokio::time::sleep_until(progress.due()), if progress.pending.is_some() => {
                     progress.flush(self, &job).await;
                 }
+                acquired = self.slots.acquire(&job.tool), if slot.is_none() && !answered.is_empty() => {
+                    slot = acquired;
+                }
                 _ = heartbeat.tick() => {
                     if !asks.is_empty() {
-                        self.collect_answers(&mut asks).await;
+                        self.collect_answers(&mut asks, &mut answered).await;
                     }
                     match self.store.job_heartbeat(job.task_seq, &job.lease_token, lease_ms, now_ms()).await {
                         Ok(hb) if hb.cancel_requested => { cancel.cancel(); break None; }
@@ -504,8 +560,13 @@ impl WorkerPool {
         }
     }
 
-    /// Hand every answered request to its tool.
-    async fn collect_answers(&self, asks: &mut Vec<(String, Answer)>) {
+    /// Move every answered request out of `asks`, with its answer, into
+    /// `answered` (the caller hands them to the tool once it has a slot).
+    async fn collect_answers(
+        &self,
+        asks: &mut Vec<(String, Answer)>,
+        ready: &mut Vec<(Answer, Result<Value, RpcError>)>,
+    ) {
         let mut waiting = Vec::new();
         for (request_id, reply) in asks.drain(..) {
             let answered = match self.store.task_message_get(&request_id).await {
@@ -528,7 +589,7 @@ impl WorkerPool {
                     "the client's answer has no result or error",
                 )),
             };
-            let _ = reply.send(result);
+            ready.push((reply, result));
         }
         *asks = waiting;
     }

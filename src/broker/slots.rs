@@ -1,0 +1,284 @@
+//! Execution slots of one worker pool: a cap per process (`--workers`,
+//! `--concurrency`) and, for tools that set one, a cap per tool
+//! (`concurrency`). A running job holds one process slot and, if its tool
+//! is capped, one of its tool's slots; a job waiting for its client's input
+//! holds none. A tool's limit across every process (`global_concurrency`)
+//! is not counted here but in the claim itself, in the database.
+//!
+//! Claims reserve first, then claim: a [`Reservation`] holds the free slots
+//! and says how many jobs of each tool a claim may take
+//! ([`ToolQuota`]); each claimed job then takes its [`Slot`] out of it, and
+//! what is not used goes back when the reservation is dropped.
+
+use std::collections::HashMap;
+use std::sync::Arc;
+
+use tokio::sync::{Notify, OwnedSemaphorePermit, Semaphore};
+
+use crate::store::ToolQuota;
+use crate::tools::ToolDefinition;
+
+/// The limits of one tool in this pool.
+#[derive(Debug)]
+struct ToolLimit {
+    /// Its own slots, when it has a per-process limit.
+    local: Option<Arc<Semaphore>>,
+    /// Its limit across every process.
+    global: Option<i64>,
+}
+
+/// A pool's slots.
+#[derive(Debug)]
+pub struct Slots {
+    /// Jobs this process runs at once, whatever their tools.
+    process: Arc<Semaphore>,
+    /// Every tool the pool serves (it claims no other).
+    tools: HashMap<String, ToolLimit>,
+    /// Woken whenever a slot is given back, so an idle pool that could not
+    /// claim for lack of a tool's slot looks again.
+    freed: Arc<Notify>,
+    /// The process cap.
+    cap: usize,
+}
+
+/// Slots held for a claim in flight.
+#[derive(Debug)]
+pub struct Reservation {
+    process: Option<OwnedSemaphorePermit>,
+    tools: HashMap<String, OwnedSemaphorePermit>,
+    quotas: Vec<ToolQuota>,
+    freed: Arc<Notify>,
+}
+
+/// The slot a running job holds; given back when dropped.
+#[derive(Debug)]
+pub struct Slot {
+    process: Option<OwnedSemaphorePermit>,
+    tool: Option<OwnedSemaphorePermit>,
+    freed: Arc<Notify>,
+}
+
+impl Drop for Slot {
+    fn drop(&mut self) {
+        // Permits first, then the word: whoever wakes finds them free.
+        drop(self.tool.take());
+        drop(self.process.take());
+        self.freed.notify_one();
+    }
+}
+
+impl Drop for Reservation {
+    fn drop(&mut self) {
+        let unused = self.process.as_ref().is_some_and(|p| p.num_permits() > 0);
+        self.tools.clear();
+        drop(self.process.take());
+        if unused {
+            self.freed.notify_one();
+        }
+    }
+}
+
+fn permits(n: usize) -> u32 {
+    u32::try_from(n).unwrap_or(u32::MAX)
+}
+
+impl Slots {
+    /// Slots for a pool of `cap` jobs at once serving `tools`.
+    pub fn new<'a>(cap: usize, tools: impl IntoIterator<Item = &'a ToolDefinition>) -> Self {
+        let cap = cap.max(1);
+        let tools = tools
+            .into_iter()
+            .map(|def| {
+                let limit = ToolLimit {
+                    local: def
+                        .concurrency
+                        .filter(|n| *n < cap)
+                        .map(|n| Arc::new(Semaphore::new(n.max(1)))),
+                    global: def.global_concurrency.map(i64::from),
+                };
+                (def.name.clone(), limit)
+            })
+            .collect();
+        Self {
+            process: Arc::new(Semaphore::new(cap)),
+            tools,
+            freed: Arc::new(Notify::new()),
+            cap,
+        }
+    }
+
+    /// The process cap.
+    pub fn cap(&self) -> usize {
+        self.cap
+    }
+
+    /// Resolves when a slot has been given back since the last call.
+    pub async fn freed(&self) {
+        self.freed.notified().await;
+    }
+
+    /// Reserve what is free now for a claim of at most `max` jobs; `None`
+    /// when no job of any tool could be taken.
+    pub fn try_reserve(&self, max: usize) -> Option<Reservation> {
+        let n = self.process.available_permits().min(max);
+        if n == 0 {
+            return None;
+        }
+        let process = self
+            .process
+            .clone()
+            .try_acquire_many_owned(permits(n))
+            .ok()?;
+        self.reserve_tools(process)
+    }
+
+    /// Wait for a free process slot, then reserve what is free for a claim
+    /// of at most `max` jobs. `None` when no tool has a free slot.
+    pub async fn reserve(&self, max: usize) -> Option<Reservation> {
+        let mut process = self.process.clone().acquire_owned().await.ok()?;
+        let more = self.process.available_permits().min(max.saturating_sub(1));
+        if more > 0
+            && let Ok(extra) = self.process.clone().try_acquire_many_owned(permits(more))
+        {
+            process.merge(extra);
+        }
+        self.reserve_tools(process)
+    }
+
+    fn reserve_tools(&self, process: OwnedSemaphorePermit) -> Option<Reservation> {
+        let n = process.num_permits();
+        let mut held = HashMap::new();
+        let mut quotas = Vec::with_capacity(self.tools.len());
+        for (name, limit) in &self.tools {
+            let free = match &limit.local {
+                None => n,
+                Some(sem) => {
+                    let k = sem.available_permits().min(n);
+                    match sem.clone().try_acquire_many_owned(permits(k)) {
+                        Ok(p) if k > 0 => {
+                            held.insert(name.clone(), p);
+                            k
+                        }
+                        _ => 0,
+                    }
+                }
+            };
+            if free > 0 {
+                quotas.push(ToolQuota {
+                    tool: name.clone(),
+                    free: i64::try_from(free).unwrap_or(i64::MAX),
+                    global: limit.global,
+                });
+            }
+        }
+        let reservation = Reservation {
+            process: Some(process),
+            tools: held,
+            quotas,
+            freed: self.freed.clone(),
+        };
+        (!reservation.quotas.is_empty()).then_some(reservation)
+    }
+
+    /// Wait for a slot for one job of `tool` (its tool's slot first, the
+    /// scarcer one, then the process's).
+    pub async fn acquire(&self, tool: &str) -> Option<Slot> {
+        let tool_permit = match self.tools.get(tool).and_then(|l| l.local.clone()) {
+            Some(sem) => Some(sem.acquire_owned().await.ok()?),
+            None => None,
+        };
+        let process = self.process.clone().acquire_owned().await.ok()?;
+        Some(Slot {
+            process: Some(process),
+            tool: tool_permit,
+            freed: self.freed.clone(),
+        })
+    }
+}
+
+impl Reservation {
+    /// How many jobs of each tool the claim may take.
+    pub fn quotas(&self) -> &[ToolQuota] {
+        &self.quotas
+    }
+
+    /// How many jobs the claim may take in all.
+    pub fn len(&self) -> usize {
+        self.process.as_ref().map_or(0, |p| p.num_permits())
+    }
+
+    /// Whether it holds nothing.
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+
+    /// The slot of one claimed job of `tool`, out of the reservation;
+    /// `None` if the claim took more than it reserved (it never should).
+    pub fn take(&mut self, tool: &str) -> Option<Slot> {
+        let tool_permit = match self.tools.get_mut(tool) {
+            Some(permit) => Some(permit.split(1)?),
+            None => None,
+        };
+        let process = self.process.as_mut()?.split(1)?;
+        Some(Slot {
+            process: Some(process),
+            tool: tool_permit,
+            freed: self.freed.clone(),
+        })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::tools::TaskSupport;
+    use serde_json::json;
+
+    fn def(name: &str, concurrency: Option<usize>) -> ToolDefinition {
+        ToolDefinition {
+            name: name.into(),
+            description: String::new(),
+            input_schema: json!({"type": "object"}),
+            output_schema: None,
+            task_support: TaskSupport::Optional,
+            max_attempts: 1,
+            concurrency,
+            global_concurrency: None,
+        }
+    }
+
+    #[tokio::test]
+    async fn a_capped_tool_gets_its_own_quota_and_slots_come_back() {
+        let defs = [def("build", Some(2)), def("echo", None)];
+        let slots = Slots::new(10, &defs);
+        let mut r = slots.try_reserve(10).unwrap();
+        let quota = |r: &Reservation, tool: &str| {
+            r.quotas().iter().find(|q| q.tool == tool).map(|q| q.free)
+        };
+        assert_eq!(r.len(), 10);
+        assert_eq!(quota(&r, "build"), Some(2));
+        assert_eq!(quota(&r, "echo"), Some(10));
+        let a = r.take("build").unwrap();
+        let b = r.take("build").unwrap();
+        assert!(r.take("build").is_none(), "never more than reserved");
+        drop(r);
+        let r = slots.try_reserve(10).unwrap();
+        assert_eq!(r.len(), 8);
+        assert_eq!(quota(&r, "build"), None, "both build slots are taken");
+        drop(r);
+        drop(a);
+        let r = slots.try_reserve(10).unwrap();
+        assert_eq!(quota(&r, "build"), Some(1));
+        drop((b, r));
+        let held = slots.acquire("build").await.unwrap();
+        let _second = slots.acquire("build").await.unwrap();
+        assert!(
+            tokio::time::timeout(std::time::Duration::from_millis(50), slots.acquire("build"))
+                .await
+                .is_err(),
+            "a third build waits for a slot"
+        );
+        drop(held);
+        assert!(slots.acquire("build").await.is_some());
+    }
+}
