@@ -34,8 +34,8 @@ pub struct Slots {
     process: Arc<Semaphore>,
     /// Every tool the pool serves (it claims no other).
     tools: HashMap<String, ToolLimit>,
-    /// Woken whenever a slot is given back, so an idle pool that could not
-    /// claim for lack of a tool's slot looks again.
+    /// Woken whenever a running job gives its slot back, so an idle pool
+    /// that could not claim for lack of a tool's slot looks again.
     freed: Arc<Notify>,
     /// The process cap.
     cap: usize,
@@ -47,6 +47,8 @@ pub struct Reservation {
     process: Option<OwnedSemaphorePermit>,
     tools: HashMap<String, OwnedSemaphorePermit>,
     quotas: Vec<ToolQuota>,
+    /// Some served tool had no free slot.
+    capped: bool,
     freed: Arc<Notify>,
 }
 
@@ -64,17 +66,6 @@ impl Drop for Slot {
         drop(self.tool.take());
         drop(self.process.take());
         self.freed.notify_one();
-    }
-}
-
-impl Drop for Reservation {
-    fn drop(&mut self) {
-        let unused = self.process.as_ref().is_some_and(|p| p.num_permits() > 0);
-        self.tools.clear();
-        drop(self.process.take());
-        if unused {
-            self.freed.notify_one();
-        }
     }
 }
 
@@ -112,7 +103,8 @@ impl Slots {
         self.cap
     }
 
-    /// Resolves when a slot has been given back since the last call.
+    /// Resolves when a running job has given its slot back since the last
+    /// call.
     pub async fn freed(&self) {
         self.freed.notified().await;
     }
@@ -174,6 +166,7 @@ impl Slots {
         let reservation = Reservation {
             process: Some(process),
             tools: held,
+            capped: quotas.len() < self.tools.len(),
             quotas,
             freed: self.freed.clone(),
         };
@@ -200,6 +193,12 @@ impl Reservation {
     /// How many jobs of each tool the claim may take.
     pub fn quotas(&self) -> &[ToolQuota] {
         &self.quotas
+    }
+
+    /// Whether some tool the pool serves had no free slot (so a slot coming
+    /// back is worth another claim).
+    pub fn capped(&self) -> bool {
+        self.capped
     }
 
     /// How many jobs the claim may take in all.

@@ -211,12 +211,16 @@ impl Store {
             .max_connections(1)
             .min_connections(1)
             .acquire_timeout(Duration::from_secs(60))
+            // A local file needs no ping (a round trip to SQLite's thread)
+            // before each use; both pools skip it.
+            .test_before_acquire(false)
             .connect_with(options.clone())
             .await
             .map_err(|e| open_failed(path, &e))?;
         let read = SqlitePoolOptions::new()
             .max_connections(4)
             .acquire_timeout(Duration::from_secs(60))
+            .test_before_acquire(false)
             .connect_with(options.read_only(true))
             .await?;
         Ok(Self {

@@ -155,6 +155,8 @@ impl WorkerPool {
         // the jobs themselves), so it leaves the feed alone (another server
         // on the same file would be found within `idle_max`).
         let mut commits = self.feed.commits();
+        // Whether the last claim found a tool at its limit.
+        let mut tool_capped = false;
         let feed_wakes = self.config.kind != "embedded";
         loop {
             while jobs.try_join_next().is_some() {}
@@ -171,7 +173,7 @@ impl WorkerPool {
                     _ = self.job_queued.notified() => { idle = IDLE_MIN; certain = true; }
                     // A slot came back: a tool that was at its limit may
                     // take a queued job now.
-                    _ = self.slots.freed() => { idle = IDLE_MIN; certain = false; }
+                    _ = self.slots.freed(), if tool_capped => { idle = IDLE_MIN; certain = false; }
                     // A job created, given back or rescued elsewhere: any
                     // commit is worth a look (a read first).
                     Ok(()) = commits.changed(), if feed_wakes => { idle = IDLE_MIN; certain = false; }
@@ -195,8 +197,10 @@ impl WorkerPool {
             let Some(mut reserved) = reserved else {
                 // Every tool is at its limit: wait for a slot to come back.
                 drained = true;
+                tool_capped = true;
                 continue;
             };
+            tool_capped = reserved.capped();
             let want = reserved.len();
             let claimed = self.claim(&reserved, certain).await;
             drained = claimed.len() < want;
