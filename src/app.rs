@@ -11,6 +11,7 @@ use anyhow::Context;
 use tokio_util::sync::CancellationToken;
 
 use crate::broker::{Broker, BrokerConfig, Feed, Writer, maintenance};
+use crate::defaults;
 use crate::server::{
     AppState, Audit, ClientRequests, RateLimiter, ServerConfig, SessionStreams, Sessions,
     StreamCounter, Streams, spawn_status_notifier,
@@ -52,13 +53,13 @@ impl ServeConfig {
     pub fn new(db: impl Into<PathBuf>, tools: Vec<Arc<dyn Tool>>) -> Self {
         Self {
             db: db.into(),
-            listen: SocketAddr::from(([127, 0, 0, 1], 8808)),
+            listen: defaults::LISTEN,
             workers: std::thread::available_parallelism()
                 .map(usize::from)
                 .unwrap_or(1),
-            lease: Duration::from_secs(30),
-            grace: Duration::from_secs(10),
-            durability: Durability::Full,
+            lease: defaults::LEASE,
+            grace: defaults::GRACE,
+            durability: Durability::default(),
             broker: BrokerConfig::default(),
             server: ServerConfig::default(),
             shutdown_grace: Duration::from_secs(5),

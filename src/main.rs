@@ -14,6 +14,7 @@ use taskbroker::app::{self, ServeConfig, WorkConfig};
 use taskbroker::broker::BrokerConfig;
 use taskbroker::client;
 use taskbroker::config::{Config, DurationValue};
+use taskbroker::defaults;
 use taskbroker::logging;
 use taskbroker::server::ServerConfig;
 use taskbroker::store::Durability;
@@ -279,7 +280,7 @@ fn durability(flag: Option<Durability>, file: &Option<String>) -> anyhow::Result
         (None, Some(text)) => text
             .parse()
             .map_err(|e: String| anyhow::anyhow!("config: durability: {e}")),
-        (None, None) => Ok(Durability::Full),
+        (None, None) => Ok(Durability::default()),
     }
 }
 
@@ -293,27 +294,27 @@ impl ServeArgs {
         let lease = lease_setting(setting(
             self.lease.map(Duration::from_secs_f64),
             &[&s.lease],
-            Duration::from_secs(30),
+            defaults::LEASE,
         )?)?;
         let grace = setting(
             self.grace.map(Duration::from_secs_f64),
             &[&s.grace],
-            Duration::from_secs(10),
+            defaults::GRACE,
         )?;
         let max_ttl = setting(
             self.max_ttl.map(Duration::from_secs),
             &[&s.max_ttl],
-            Duration::from_secs(7 * 24 * 3600),
+            defaults::MAX_TTL,
         )?;
         let default_ttl = setting(
             self.default_ttl.map(Duration::from_secs),
             &[&s.default_ttl],
-            Duration::from_secs(3600),
+            defaults::DEFAULT_TTL,
         )?;
         let poll_interval = setting(
             self.poll_interval.map(Duration::from_millis),
             &[&s.poll_interval],
-            Duration::from_secs(1),
+            defaults::POLL_INTERVAL,
         )?;
         let mut allowed_origins = s.allowed_origins.clone().unwrap_or_default();
         allowed_origins.extend(self.allowed_origins);
@@ -321,11 +322,8 @@ impl ServeArgs {
             db: self
                 .db
                 .or(s.db.clone())
-                .unwrap_or_else(|| "taskbroker.db".into()),
-            listen: self
-                .listen
-                .or(s.listen)
-                .unwrap_or_else(|| SocketAddr::from(([127, 0, 0, 1], 8808))),
+                .unwrap_or_else(|| defaults::DB.into()),
+            listen: self.listen.or(s.listen).unwrap_or(defaults::LISTEN),
             workers: self.workers.or(s.workers).unwrap_or_else(cores),
             lease,
             grace,
@@ -335,22 +333,38 @@ impl ServeArgs {
                 max_ttl_ms: ms(max_ttl),
                 poll_interval_ms: ms(poll_interval).max(1),
                 page_size: i64::try_from(
-                    self.page_size.or(s.page_size).unwrap_or(100).clamp(1, 1000),
+                    self.page_size
+                        .or(s.page_size)
+                        .unwrap_or(defaults::PAGE_SIZE)
+                        .clamp(1, 1000),
                 )
-                .unwrap_or(100),
-                max_open_tasks: self.max_open_tasks.or(s.max_open_tasks).unwrap_or(1000),
+                .unwrap_or(1000),
+                max_open_tasks: self
+                    .max_open_tasks
+                    .or(s.max_open_tasks)
+                    .unwrap_or(defaults::MAX_OPEN_TASKS),
                 max_argument_bytes: self
                     .max_argument_bytes
                     .or(s.max_argument_bytes)
-                    .unwrap_or(1024 * 1024),
+                    .unwrap_or(defaults::MAX_ARGUMENT_BYTES),
             },
             server: ServerConfig {
-                max_body_bytes: self.max_body.or(s.max_body).unwrap_or(4 * 1024 * 1024),
+                max_body_bytes: self.max_body.or(s.max_body).unwrap_or(defaults::MAX_BODY),
                 allowed_origins,
-                rate_per_sec: self.rate.or(s.rate).unwrap_or(50.0).max(0.0),
-                rate_burst: self.rate_burst.or(s.rate_burst).unwrap_or(100.0).max(1.0),
-                max_sessions: self.max_sessions.or(s.max_sessions).unwrap_or(10_000),
-                max_sse_streams: self.max_sse_streams.or(s.max_sse_streams).unwrap_or(1_000),
+                rate_per_sec: self.rate.or(s.rate).unwrap_or(defaults::RATE).max(0.0),
+                rate_burst: self
+                    .rate_burst
+                    .or(s.rate_burst)
+                    .unwrap_or(defaults::RATE_BURST)
+                    .max(1.0),
+                max_sessions: self
+                    .max_sessions
+                    .or(s.max_sessions)
+                    .unwrap_or(defaults::MAX_SESSIONS),
+                max_sse_streams: self
+                    .max_sse_streams
+                    .or(s.max_sse_streams)
+                    .unwrap_or(defaults::MAX_SSE_STREAMS),
                 ..ServerConfig::default()
             },
             shutdown_grace: Duration::from_secs(5),
@@ -370,18 +384,18 @@ impl WorkerArgs {
         let lease = lease_setting(setting(
             self.lease.map(Duration::from_secs_f64),
             &[&w.lease, &s.lease],
-            Duration::from_secs(30),
+            defaults::LEASE,
         )?)?;
         let grace = setting(
             self.grace.map(Duration::from_secs_f64),
             &[&w.grace, &s.grace],
-            Duration::from_secs(10),
+            defaults::GRACE,
         )?;
         Ok(WorkConfig {
             db: self
                 .db
                 .or(s.db.clone())
-                .unwrap_or_else(|| "taskbroker.db".into()),
+                .unwrap_or_else(|| defaults::DB.into()),
             concurrency: self
                 .concurrency
                 .map(|c| c as usize)

@@ -22,6 +22,7 @@ use axum::Router;
 use axum::routing::{any, get};
 
 use crate::broker::Broker;
+use crate::defaults;
 
 pub use audit::Audit;
 pub use calls::ClientRequests;
@@ -56,14 +57,14 @@ pub struct ServerConfig {
 impl Default for ServerConfig {
     fn default() -> Self {
         Self {
-            max_body_bytes: 4 * 1024 * 1024,
+            max_body_bytes: defaults::MAX_BODY,
             allowed_origins: Vec::new(),
             keep_alive: Duration::from_secs(15),
             retry_ms: 1000,
-            rate_per_sec: 50.0,
-            rate_burst: 100.0,
-            max_sessions: 10_000,
-            max_sse_streams: 1_000,
+            rate_per_sec: defaults::RATE,
+            rate_burst: defaults::RATE_BURST,
+            max_sessions: defaults::MAX_SESSIONS,
+            max_sse_streams: defaults::MAX_SSE_STREAMS,
         }
     }
 }
