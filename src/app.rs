@@ -13,8 +13,8 @@ use tokio_util::sync::CancellationToken;
 use crate::broker::{Broker, BrokerConfig, Feed, Writer, maintenance};
 use crate::defaults;
 use crate::server::{
-    AppState, Audit, ClientRequests, RateLimiter, ServerConfig, SessionStreams, Sessions,
-    StreamCounter, Streams, spawn_status_notifier,
+    AppState, Audit, ClientRequests, RateLimiter, RequestLimits, ServerConfig, SessionStreams,
+    Sessions, StreamCounter, Streams, spawn_status_notifier,
 };
 use crate::store::{Durability, Store};
 use crate::tools::{Registry, Tool};
@@ -189,9 +189,12 @@ pub async fn serve(config: ServeConfig) -> anyhow::Result<()> {
         core.shutdown.clone(),
     );
     let state = AppState {
-        limiter: Arc::new(RateLimiter::new(
-            config.server.rate_per_sec,
-            config.server.rate_burst,
+        limiter: Arc::new(RequestLimits::new(
+            RateLimiter::new(config.server.rate_per_sec, config.server.rate_burst),
+            RateLimiter::new(
+                config.server.initialize_rate_per_sec,
+                config.server.initialize_burst,
+            ),
         )),
         open_streams: Arc::new(StreamCounter::new(config.server.max_sse_streams)),
         audit: Arc::new(Audit::default()),

@@ -95,10 +95,15 @@ pub struct ServerSection {
     pub max_open_tasks: Option<i64>,
     /// Largest tool arguments, bytes.
     pub max_argument_bytes: Option<usize>,
-    /// Requests per second per principal (0 = unlimited).
+    /// Requests per second per principal, or per session without tokens
+    /// (0 = unlimited).
     pub rate: Option<f64>,
     /// Burst above the rate.
     pub rate_burst: Option<f64>,
+    /// Without tokens, initialize requests per second per client address.
+    pub initialize_rate: Option<f64>,
+    /// Burst above the initialize rate.
+    pub initialize_burst: Option<f64>,
     /// Live sessions at most.
     pub max_sessions: Option<i64>,
     /// Open SSE streams at most.

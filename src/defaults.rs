@@ -28,10 +28,16 @@ pub const MAX_ARGUMENT_BYTES: usize = 1024 * 1024;
 
 /// Non-terminal tasks one requestor may have.
 pub const MAX_OPEN_TASKS: i64 = 1000;
-/// Requests per second per principal (per client address without tokens).
+/// Requests per second per requestor (principal, or session without
+/// tokens).
 pub const RATE: f64 = 50.0;
 /// Burst above [`RATE`].
 pub const RATE_BURST: f64 = 100.0;
+/// initialize requests (and requests naming no live session) per second
+/// per client address, without tokens.
+pub const INITIALIZE_RATE: f64 = 20.0;
+/// Burst above [`INITIALIZE_RATE`].
+pub const INITIALIZE_BURST: f64 = 200.0;
 /// Live sessions at most.
 pub const MAX_SESSIONS: i64 = 10_000;
 /// Open SSE streams at most.

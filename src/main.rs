@@ -143,13 +143,20 @@ struct ServeArgs {
     /// Largest tool arguments in bytes [default: 1048576].
     #[arg(long, env = "TASKBROKER_MAX_ARGUMENT_BYTES")]
     max_argument_bytes: Option<usize>,
-    /// Requests per second per principal (per client address without
-    /// tokens); 0 = unlimited [default: 50].
+    /// Requests per second per principal (per session without tokens);
+    /// 0 = unlimited [default: 50].
     #[arg(long, env = "TASKBROKER_RATE")]
     rate: Option<f64>,
     /// Burst above the rate [default: 100].
     #[arg(long, env = "TASKBROKER_RATE_BURST")]
     rate_burst: Option<f64>,
+    /// Without tokens, initialize requests (and any request naming no live
+    /// session) per second per client address; 0 = unlimited [default: 20].
+    #[arg(long, env = "TASKBROKER_INITIALIZE_RATE")]
+    initialize_rate: Option<f64>,
+    /// Burst above the initialize rate [default: 200].
+    #[arg(long, env = "TASKBROKER_INITIALIZE_BURST")]
+    initialize_burst: Option<f64>,
     /// Live sessions at most [default: 10000].
     #[arg(long, env = "TASKBROKER_MAX_SESSIONS")]
     max_sessions: Option<i64>,
@@ -356,6 +363,16 @@ impl ServeArgs {
                     .rate_burst
                     .or(s.rate_burst)
                     .unwrap_or(defaults::RATE_BURST)
+                    .max(1.0),
+                initialize_rate_per_sec: self
+                    .initialize_rate
+                    .or(s.initialize_rate)
+                    .unwrap_or(defaults::INITIALIZE_RATE)
+                    .max(0.0),
+                initialize_burst: self
+                    .initialize_burst
+                    .or(s.initialize_burst)
+                    .unwrap_or(defaults::INITIALIZE_BURST)
                     .max(1.0),
                 max_sessions: self
                     .max_sessions
