@@ -22,7 +22,8 @@
 //!   the demo tools.
 //! - [`store`]: every SQL statement, and the migrations runner.
 //! - [`config`]: the `taskbroker.toml` file: settings and command tools.
-//! - [`defaults`]: the default of every setting, in one place.
+//! - [`defaults`]: the default of every setting, and of every limit the
+//!   measurement it was picked from.
 //! - [`logging`]: stderr logging that loses lines, never the process, when
 //!   stderr is closed.
 //! - [`clock`]: wall-clock milliseconds, the unit of every stored time.

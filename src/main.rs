@@ -137,17 +137,17 @@ struct ServeArgs {
     /// Do not serve the demo tools (echo, sleep, sleep_as_task, fail, approve).
     #[arg(long, env = "TASKBROKER_NO_DEMO_TOOLS", value_parser = BoolishValueParser::new())]
     no_demo_tools: bool,
-    /// Non-terminal tasks one requestor (principal or session) may have [default: 1000].
+    /// Non-terminal tasks one requestor (principal or session) may have [default: 100000].
     #[arg(long, env = "TASKBROKER_MAX_OPEN_TASKS", value_parser = clap::value_parser!(i64).range(1..))]
     max_open_tasks: Option<i64>,
     /// Largest tool arguments in bytes [default: 1048576].
     #[arg(long, env = "TASKBROKER_MAX_ARGUMENT_BYTES")]
     max_argument_bytes: Option<usize>,
     /// Requests per second per principal (per session without tokens);
-    /// 0 = unlimited [default: 50].
+    /// 0 = unlimited [default: 1000].
     #[arg(long, env = "TASKBROKER_RATE")]
     rate: Option<f64>,
-    /// Burst above the rate [default: 100].
+    /// Burst above the rate [default: 10000].
     #[arg(long, env = "TASKBROKER_RATE_BURST")]
     rate_burst: Option<f64>,
     /// Without tokens, initialize requests (and any request naming no live

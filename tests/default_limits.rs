@@ -1,7 +1,8 @@
-//! Issue 13, "limits that fit real use": without tokens the request rate is
-//! per session, not per client address, and still stops a runaway client,
-//! set low, without touching another session from the same address;
-//! initialize has a per-address limit of its own.
+//! Issue 13, "limits that fit real use": a broker started with no tuning
+//! flags (only `--listen 127.0.0.1:0` and a temporary `--db`) serves the
+//! three default-load scenarios with no HTTP 429, no refusal and nothing
+//! lost; and the per-session limits still stop a runaway client, set low,
+//! without touching another session from the same address.
 //!
 //! Every client here comes from 127.0.0.1, as local agents do, so a limit
 //! keyed on the client address would refuse them.
@@ -10,13 +11,19 @@
 
 mod common;
 
+use std::collections::HashSet;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicUsize, Ordering};
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use common::Server;
 use reqwest::header::{HeaderMap, HeaderValue};
 use serde_json::{Value, json};
+use taskbroker::defaults;
+
+/// The load tests take turns: each measures the broker alone on the
+/// machine's cores (the test harness runs tests in parallel).
+static HEAVY: tokio::sync::Mutex<()> = tokio::sync::Mutex::const_new(());
 
 /// One MCP session that many requests may use at once (the common
 /// `Client` takes `&mut self` per request).
@@ -149,6 +156,191 @@ impl Session {
         let body = json!({ "jsonrpc": "2.0", "id": id, "method": method, "params": params });
         post(&self.http, &self.url, Some(&self.id), body).await
     }
+
+    /// `sleep` as a task; the new task's id. Panics on a 429 or any refusal.
+    async fn create_sleep(&self, seconds: f64) -> String {
+        let call = json!({ "name": "sleep", "arguments": { "seconds": seconds }, "task": {} });
+        let task = self.send("tools/call", call).await.result("tools/call")["task"].clone();
+        task["taskId"].as_str().expect("a taskId").to_owned()
+    }
+}
+
+async fn count(db: &sqlx::SqlitePool, sql: &'static str) -> i64 {
+    sqlx::query_scalar(sql).fetch_one(db).await.unwrap()
+}
+
+/// Wait until `sql` counts `want`, or panic after `timeout` with the last
+/// count.
+async fn wait_count(db: &sqlx::SqlitePool, sql: &'static str, want: i64, timeout: Duration) {
+    let deadline = Instant::now() + timeout;
+    loop {
+        let n = count(db, sql).await;
+        if n == want {
+            return;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "{sql}: {n}, not {want}, after {timeout:?}"
+        );
+        tokio::time::sleep(Duration::from_millis(250)).await;
+    }
+}
+
+/// Every task id in the database.
+async fn stored_ids(db: &sqlx::SqlitePool) -> HashSet<String> {
+    sqlx::query_scalar::<_, String>("SELECT task_id FROM tasks")
+        .fetch_all(db)
+        .await
+        .unwrap()
+        .into_iter()
+        .collect()
+}
+
+/// Issue 13, scenario 1: 16 local clients (16 sessions, all from
+/// 127.0.0.1) create 4,000 tasks as fast as they can; no 429, no
+/// JSON-RPC error, and every created task completes.
+#[tokio::test]
+async fn issue13_defaults_serve_16_clients_creating_4000_tasks() {
+    const CLIENTS: usize = 16;
+    const TASKS: usize = 4000;
+    let _turn = HEAVY.lock().await;
+    let server = Server::start(&[]);
+    let left = Arc::new(AtomicUsize::new(TASKS));
+    let started = Instant::now();
+    let mut clients = Vec::new();
+    for _ in 0..CLIENTS {
+        let (url, left) = (server.url.clone(), left.clone());
+        clients.push(tokio::spawn(async move {
+            let session = Session::open(&url).await;
+            let mut ids = Vec::new();
+            while left
+                .fetch_update(Ordering::Relaxed, Ordering::Relaxed, |n| n.checked_sub(1))
+                .is_ok()
+            {
+                ids.push(session.create_sleep(0.0).await);
+            }
+            ids
+        }));
+    }
+    let mut created = HashSet::new();
+    for client in clients {
+        created.extend(client.await.unwrap());
+    }
+    eprintln!(
+        "{TASKS} tasks created by {CLIENTS} clients in {:.1?}",
+        started.elapsed()
+    );
+    assert_eq!(created.len(), TASKS, "every call made a distinct task");
+    let db = server.read_db().await;
+    wait_count(
+        &db,
+        "SELECT count(*) FROM tasks WHERE status = 'completed'",
+        TASKS as i64,
+        Duration::from_secs(60),
+    )
+    .await;
+    eprintln!("... all completed after {:.1?}", started.elapsed());
+    assert_eq!(
+        stored_ids(&db).await,
+        created,
+        "nothing lost, nothing extra"
+    );
+}
+
+/// Issue 13, scenario 2: one client (one session) enqueues 10,000 tasks
+/// in a burst, 32 requests in flight at once; none is refused (no 429, no
+/// "Too many open tasks"), all 10,000 are stored and all complete.
+#[tokio::test]
+async fn issue13_defaults_serve_one_session_enqueueing_10000_tasks_in_a_burst() {
+    const TASKS: usize = 10_000;
+    const IN_FLIGHT: usize = 32;
+    let _turn = HEAVY.lock().await;
+    let server = Server::start(&[]);
+    let session = Session::open(&server.url).await;
+    let left = Arc::new(AtomicUsize::new(TASKS));
+    let started = Instant::now();
+    let mut senders = Vec::new();
+    for _ in 0..IN_FLIGHT {
+        let (session, left) = (session.clone(), left.clone());
+        senders.push(tokio::spawn(async move {
+            let mut ids = Vec::new();
+            while left
+                .fetch_update(Ordering::Relaxed, Ordering::Relaxed, |n| n.checked_sub(1))
+                .is_ok()
+            {
+                ids.push(session.create_sleep(0.0).await);
+            }
+            ids
+        }));
+    }
+    let mut created = HashSet::new();
+    for sender in senders {
+        created.extend(sender.await.unwrap());
+    }
+    eprintln!("{TASKS} tasks enqueued in {:.1?}", started.elapsed());
+    assert_eq!(created.len(), TASKS, "every call made a distinct task");
+    let db = server.read_db().await;
+    let owner = format!("session:{}", session.id);
+    let stored: i64 = sqlx::query_scalar("SELECT count(*) FROM tasks WHERE owner = ?")
+        .bind(&owner)
+        .fetch_one(&db)
+        .await
+        .unwrap();
+    assert_eq!(stored, TASKS as i64, "all stored, as the session's");
+    assert_eq!(
+        stored_ids(&db).await,
+        created,
+        "nothing lost, nothing extra"
+    );
+    wait_count(
+        &db,
+        "SELECT count(*) FROM tasks WHERE status = 'completed'",
+        TASKS as i64,
+        Duration::from_secs(120),
+    )
+    .await;
+    eprintln!("... all completed after {:.1?}", started.elapsed());
+}
+
+/// Issue 13, scenario 3: 100 clients (100 sessions opened at once from
+/// 127.0.0.1) each poll `tasks/get` of their own task at the pollInterval
+/// the task suggests, for 5 seconds; no 429, every poll answered.
+#[tokio::test]
+async fn issue13_defaults_serve_100_clients_polling_at_the_suggested_interval() {
+    const CLIENTS: usize = 100;
+    const POLL_FOR: Duration = Duration::from_secs(5);
+    let _turn = HEAVY.lock().await;
+    let server = Server::start(&[]);
+    let mut clients = Vec::new();
+    for _ in 0..CLIENTS {
+        let url = server.url.clone();
+        clients.push(tokio::spawn(async move {
+            let session = Session::open(&url).await;
+            // Long enough to be working while it is polled.
+            let call = json!({ "name": "sleep", "arguments": { "seconds": 60 }, "task": {} });
+            let task = session.send("tools/call", call).await.result("tools/call")["task"].clone();
+            let task_id = task["taskId"].as_str().unwrap().to_owned();
+            let interval = Duration::from_millis(task["pollInterval"].as_u64().unwrap());
+            let until = Instant::now() + POLL_FOR;
+            let mut polls = 0;
+            while Instant::now() < until {
+                tokio::time::sleep(interval).await;
+                let got = session
+                    .send("tasks/get", json!({ "taskId": task_id }))
+                    .await
+                    .result("tasks/get");
+                assert_eq!(got["taskId"], task_id.as_str());
+                polls += 1;
+            }
+            polls
+        }));
+    }
+    let mut polls = 0;
+    for client in clients {
+        polls += client.await.unwrap();
+    }
+    // 100 clients, 5 s at the default 1 s interval: about 500 polls.
+    assert!(polls >= CLIENTS * 4, "only {polls} polls answered");
 }
 
 /// Issue 13: the per-session limit still bites, set low. With `--rate 5
@@ -220,5 +412,55 @@ async fn issue13_initialize_flood_from_one_address_is_limited() {
     // The session it opened before is not slowed by its address.
     for _ in 0..10 {
         first.send("ping", json!({})).await.result("ping");
+    }
+}
+
+/// Issue 13: the defaults `serve --help` and README's Commands table state
+/// for the limits the three loads reach are those the broker uses
+/// (`taskbroker::defaults`), so the documented numbers are the tested ones.
+#[test]
+fn issue13_help_and_readme_state_the_defaults_in_force() {
+    let out = std::process::Command::new(env!("CARGO_BIN_EXE_taskbroker"))
+        .args(["serve", "--help"])
+        .env_clear()
+        .output()
+        .unwrap();
+    let help = String::from_utf8(out.stdout).unwrap();
+    let readme =
+        std::fs::read_to_string(concat!(env!("CARGO_MANIFEST_DIR"), "/README.md")).unwrap();
+    for (flag, variable, value) in [
+        ("--rate", "RATE", defaults::RATE.to_string()),
+        (
+            "--rate-burst",
+            "RATE_BURST",
+            defaults::RATE_BURST.to_string(),
+        ),
+        (
+            "--initialize-rate",
+            "INITIALIZE_RATE",
+            defaults::INITIALIZE_RATE.to_string(),
+        ),
+        (
+            "--initialize-burst",
+            "INITIALIZE_BURST",
+            defaults::INITIALIZE_BURST.to_string(),
+        ),
+        (
+            "--max-open-tasks",
+            "MAX_OPEN_TASKS",
+            defaults::MAX_OPEN_TASKS.to_string(),
+        ),
+    ] {
+        let start = help
+            .find(&format!("{flag} <"))
+            .unwrap_or_else(|| panic!("{flag} not in --help"));
+        let entry = &help[start..];
+        let entry = &entry[..entry.find("[env:").unwrap()];
+        assert!(
+            entry.contains(&format!("[default: {value}]")),
+            "--help says for {flag}: {entry}"
+        );
+        let row = format!("| `{flag}` | `TASKBROKER_{variable}` | `{value}` |");
+        assert!(readme.contains(&row), "README has no row {row}");
     }
 }
