@@ -35,7 +35,7 @@ for suffix in ("", "-wal", "-shm"):
 def start():
     t0 = time.monotonic()
     p = subprocess.Popen([binary, "serve", "--db", db, "--listen", "127.0.0.1:0", "--workers", "0",
-                          "--rate", "0", "--durability", "normal"],
+                          "--durability", "normal"],
                          stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True)
     line = p.stdout.readline()
     ready = time.monotonic() - t0

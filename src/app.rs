@@ -11,9 +11,10 @@ use anyhow::Context;
 use tokio_util::sync::CancellationToken;
 
 use crate::broker::{Broker, BrokerConfig, Feed, Writer, maintenance};
+use crate::defaults;
 use crate::server::{
-    AppState, Audit, ClientRequests, RateLimiter, ServerConfig, SessionStreams, Sessions,
-    StreamCounter, Streams, spawn_status_notifier,
+    AppState, Audit, ClientRequests, RateLimiter, RequestLimits, ServerConfig, SessionStreams,
+    Sessions, StreamCounter, Streams, spawn_status_notifier,
 };
 use crate::store::{Durability, Store};
 use crate::tools::{Registry, Tool};
@@ -52,13 +53,13 @@ impl ServeConfig {
     pub fn new(db: impl Into<PathBuf>, tools: Vec<Arc<dyn Tool>>) -> Self {
         Self {
             db: db.into(),
-            listen: SocketAddr::from(([127, 0, 0, 1], 8808)),
+            listen: defaults::LISTEN,
             workers: std::thread::available_parallelism()
                 .map(usize::from)
                 .unwrap_or(1),
-            lease: Duration::from_secs(30),
-            grace: Duration::from_secs(10),
-            durability: Durability::Full,
+            lease: defaults::LEASE,
+            grace: defaults::GRACE,
+            durability: Durability::default(),
             broker: BrokerConfig::default(),
             server: ServerConfig::default(),
             shutdown_grace: Duration::from_secs(5),
@@ -188,9 +189,12 @@ pub async fn serve(config: ServeConfig) -> anyhow::Result<()> {
         core.shutdown.clone(),
     );
     let state = AppState {
-        limiter: Arc::new(RateLimiter::new(
-            config.server.rate_per_sec,
-            config.server.rate_burst,
+        limiter: Arc::new(RequestLimits::new(
+            RateLimiter::new(config.server.rate_per_sec, config.server.rate_burst),
+            RateLimiter::new(
+                config.server.initialize_rate_per_sec,
+                config.server.initialize_burst,
+            ),
         )),
         open_streams: Arc::new(StreamCounter::new(config.server.max_sse_streams)),
         audit: Arc::new(Audit::default()),

@@ -95,10 +95,15 @@ pub struct ServerSection {
     pub max_open_tasks: Option<i64>,
     /// Largest tool arguments, bytes.
     pub max_argument_bytes: Option<usize>,
-    /// Requests per second per principal (0 = unlimited).
+    /// Requests per second per principal, or per session without tokens
+    /// (0 = unlimited).
     pub rate: Option<f64>,
     /// Burst above the rate.
     pub rate_burst: Option<f64>,
+    /// Without tokens, initialize requests per second per client address.
+    pub initialize_rate: Option<f64>,
+    /// Burst above the initialize rate.
+    pub initialize_burst: Option<f64>,
     /// Live sessions at most.
     pub max_sessions: Option<i64>,
     /// Open SSE streams at most.
@@ -146,7 +151,8 @@ pub struct ToolSection {
     pub max_output: Option<usize>,
     /// Wait between TERM and KILL (default 5 s).
     pub kill_grace: Option<Spanned<DurationValue>>,
-    /// Runs at once in one process (default [`DEFAULT_COMMAND_CONCURRENCY`]).
+    /// Runs at once in one process (default
+    /// [`crate::defaults::COMMAND_CONCURRENCY`]).
     pub concurrency: Option<Spanned<i64>>,
     /// Runs at once across every process on the database (default: none).
     pub global_concurrency: Option<Spanned<i64>>,
@@ -192,11 +198,6 @@ impl std::fmt::Debug for Config {
 }
 
 const DEFAULT_MAX_OUTPUT: usize = 1024 * 1024;
-/// Runs of one command tool at once in one process, unless its `[[tool]]`
-/// says otherwise: command tools mostly wait (on APIs, disks, networks,
-/// people), so a new user's ten shell tasks all start at once on a small
-/// machine; a CPU-heavy tool sets its own lower `concurrency`.
-pub const DEFAULT_COMMAND_CONCURRENCY: usize = 32;
 const DEFAULT_KILL_GRACE: Duration = Duration::from_secs(5);
 
 impl Config {
@@ -384,7 +385,7 @@ impl Config {
                 output_schema,
                 task_support,
                 max_attempts,
-                concurrency: Some(concurrency.unwrap_or(DEFAULT_COMMAND_CONCURRENCY)),
+                concurrency: Some(concurrency.unwrap_or(crate::defaults::COMMAND_CONCURRENCY)),
                 global_concurrency: global_concurrency
                     .map(|n| u32::try_from(n).unwrap_or(u32::MAX)),
             };

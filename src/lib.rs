@@ -22,6 +22,8 @@
 //!   the demo tools.
 //! - [`store`]: every SQL statement, and the migrations runner.
 //! - [`config`]: the `taskbroker.toml` file: settings and command tools.
+//! - [`defaults`]: the default of every setting, and of every limit the
+//!   measurement it was picked from.
 //! - [`logging`]: stderr logging that loses lines, never the process, when
 //!   stderr is closed.
 //! - [`clock`]: wall-clock milliseconds, the unit of every stored time.
@@ -33,6 +35,7 @@ pub mod broker;
 pub mod client;
 pub mod clock;
 pub mod config;
+pub mod defaults;
 pub mod logging;
 pub mod mcp;
 pub mod server;

@@ -14,6 +14,7 @@ use taskbroker::app::{self, ServeConfig, WorkConfig};
 use taskbroker::broker::BrokerConfig;
 use taskbroker::client;
 use taskbroker::config::{Config, DurationValue};
+use taskbroker::defaults;
 use taskbroker::logging;
 use taskbroker::server::ServerConfig;
 use taskbroker::store::Durability;
@@ -137,19 +138,26 @@ struct ServeArgs {
     /// Do not serve the demo tools (echo, sleep, sleep_as_task, fail, approve).
     #[arg(long, env = "TASKBROKER_NO_DEMO_TOOLS", value_parser = BoolishValueParser::new())]
     no_demo_tools: bool,
-    /// Non-terminal tasks one requestor (principal or session) may have [default: 1000].
+    /// Non-terminal tasks one requestor (principal or session) may have [default: 100000].
     #[arg(long, env = "TASKBROKER_MAX_OPEN_TASKS", value_parser = clap::value_parser!(i64).range(1..))]
     max_open_tasks: Option<i64>,
     /// Largest tool arguments in bytes [default: 1048576].
     #[arg(long, env = "TASKBROKER_MAX_ARGUMENT_BYTES")]
     max_argument_bytes: Option<usize>,
-    /// Requests per second per principal (per client address without
-    /// tokens); 0 = unlimited [default: 50].
+    /// Requests per second per principal (per session without tokens);
+    /// 0 = unlimited [default: 1000].
     #[arg(long, env = "TASKBROKER_RATE")]
     rate: Option<f64>,
-    /// Burst above the rate [default: 100].
+    /// Burst above the rate [default: 10000].
     #[arg(long, env = "TASKBROKER_RATE_BURST")]
     rate_burst: Option<f64>,
+    /// Without tokens, initialize requests (and any request naming no live
+    /// session) per second per client address; 0 = unlimited [default: 20].
+    #[arg(long, env = "TASKBROKER_INITIALIZE_RATE")]
+    initialize_rate: Option<f64>,
+    /// Burst above the initialize rate [default: 200].
+    #[arg(long, env = "TASKBROKER_INITIALIZE_BURST")]
+    initialize_burst: Option<f64>,
     /// Live sessions at most [default: 10000].
     #[arg(long, env = "TASKBROKER_MAX_SESSIONS")]
     max_sessions: Option<i64>,
@@ -275,7 +283,7 @@ fn durability(flag: Option<Durability>, file: &Option<String>) -> anyhow::Result
         (None, Some(text)) => text
             .parse()
             .map_err(|e: String| anyhow::anyhow!("config: durability: {e}")),
-        (None, None) => Ok(Durability::Full),
+        (None, None) => Ok(Durability::default()),
     }
 }
 
@@ -289,27 +297,27 @@ impl ServeArgs {
         let lease = lease_setting(setting(
             self.lease.map(Duration::from_secs_f64),
             &[&s.lease],
-            Duration::from_secs(30),
+            defaults::LEASE,
         )?)?;
         let grace = setting(
             self.grace.map(Duration::from_secs_f64),
             &[&s.grace],
-            Duration::from_secs(10),
+            defaults::GRACE,
         )?;
         let max_ttl = setting(
             self.max_ttl.map(Duration::from_secs),
             &[&s.max_ttl],
-            Duration::from_secs(7 * 24 * 3600),
+            defaults::MAX_TTL,
         )?;
         let default_ttl = setting(
             self.default_ttl.map(Duration::from_secs),
             &[&s.default_ttl],
-            Duration::from_secs(3600),
+            defaults::DEFAULT_TTL,
         )?;
         let poll_interval = setting(
             self.poll_interval.map(Duration::from_millis),
             &[&s.poll_interval],
-            Duration::from_secs(1),
+            defaults::POLL_INTERVAL,
         )?;
         let mut allowed_origins = s.allowed_origins.clone().unwrap_or_default();
         allowed_origins.extend(self.allowed_origins);
@@ -317,15 +325,9 @@ impl ServeArgs {
             db: self
                 .db
                 .or(s.db.clone())
-                .unwrap_or_else(|| "taskbroker.db".into()),
-            listen: self
-                .listen
-                .or(s.listen)
-                .unwrap_or_else(|| SocketAddr::from(([127, 0, 0, 1], 8808))),
-            workers: self
-                .workers
-                .or(s.workers)
-                .unwrap_or(taskbroker::worker::DEFAULT_CONCURRENCY),
+                .unwrap_or_else(|| defaults::DB.into()),
+            listen: self.listen.or(s.listen).unwrap_or(defaults::LISTEN),
+            workers: self.workers.or(s.workers).unwrap_or(defaults::CONCURRENCY),
             lease,
             grace,
             durability: durability(self.durability, &s.durability)?,
@@ -334,22 +336,48 @@ impl ServeArgs {
                 max_ttl_ms: ms(max_ttl),
                 poll_interval_ms: ms(poll_interval).max(1),
                 page_size: i64::try_from(
-                    self.page_size.or(s.page_size).unwrap_or(100).clamp(1, 1000),
+                    self.page_size
+                        .or(s.page_size)
+                        .unwrap_or(defaults::PAGE_SIZE)
+                        .clamp(1, 1000),
                 )
-                .unwrap_or(100),
-                max_open_tasks: self.max_open_tasks.or(s.max_open_tasks).unwrap_or(1000),
+                .unwrap_or(1000),
+                max_open_tasks: self
+                    .max_open_tasks
+                    .or(s.max_open_tasks)
+                    .unwrap_or(defaults::MAX_OPEN_TASKS),
                 max_argument_bytes: self
                     .max_argument_bytes
                     .or(s.max_argument_bytes)
-                    .unwrap_or(1024 * 1024),
+                    .unwrap_or(defaults::MAX_ARGUMENT_BYTES),
             },
             server: ServerConfig {
-                max_body_bytes: self.max_body.or(s.max_body).unwrap_or(4 * 1024 * 1024),
+                max_body_bytes: self.max_body.or(s.max_body).unwrap_or(defaults::MAX_BODY),
                 allowed_origins,
-                rate_per_sec: self.rate.or(s.rate).unwrap_or(50.0).max(0.0),
-                rate_burst: self.rate_burst.or(s.rate_burst).unwrap_or(100.0).max(1.0),
-                max_sessions: self.max_sessions.or(s.max_sessions).unwrap_or(10_000),
-                max_sse_streams: self.max_sse_streams.or(s.max_sse_streams).unwrap_or(1_000),
+                rate_per_sec: self.rate.or(s.rate).unwrap_or(defaults::RATE).max(0.0),
+                rate_burst: self
+                    .rate_burst
+                    .or(s.rate_burst)
+                    .unwrap_or(defaults::RATE_BURST)
+                    .max(1.0),
+                initialize_rate_per_sec: self
+                    .initialize_rate
+                    .or(s.initialize_rate)
+                    .unwrap_or(defaults::INITIALIZE_RATE)
+                    .max(0.0),
+                initialize_burst: self
+                    .initialize_burst
+                    .or(s.initialize_burst)
+                    .unwrap_or(defaults::INITIALIZE_BURST)
+                    .max(1.0),
+                max_sessions: self
+                    .max_sessions
+                    .or(s.max_sessions)
+                    .unwrap_or(defaults::MAX_SESSIONS),
+                max_sse_streams: self
+                    .max_sse_streams
+                    .or(s.max_sse_streams)
+                    .unwrap_or(defaults::MAX_SSE_STREAMS),
                 ..ServerConfig::default()
             },
             shutdown_grace: Duration::from_secs(5),
@@ -369,23 +397,23 @@ impl WorkerArgs {
         let lease = lease_setting(setting(
             self.lease.map(Duration::from_secs_f64),
             &[&w.lease, &s.lease],
-            Duration::from_secs(30),
+            defaults::LEASE,
         )?)?;
         let grace = setting(
             self.grace.map(Duration::from_secs_f64),
             &[&w.grace, &s.grace],
-            Duration::from_secs(10),
+            defaults::GRACE,
         )?;
         Ok(WorkConfig {
             db: self
                 .db
                 .or(s.db.clone())
-                .unwrap_or_else(|| "taskbroker.db".into()),
+                .unwrap_or_else(|| defaults::DB.into()),
             concurrency: self
                 .concurrency
                 .map(|c| c as usize)
                 .or(w.concurrency)
-                .unwrap_or(taskbroker::worker::DEFAULT_CONCURRENCY),
+                .unwrap_or(defaults::CONCURRENCY),
             lease,
             grace,
             durability: durability(self.durability, &s.durability)?,

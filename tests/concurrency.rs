@@ -209,7 +209,7 @@ async fn pending_request(c: &mut Client, task_id: &str) -> Value {
 /// approvals complete too.
 #[tokio::test]
 async fn issue13_waiting_tasks_hold_no_slot() {
-    let server = Server::start(&["--rate", "0"]);
+    let server = Server::start(&[]);
     let mut asker = Client::new(&server.url);
     asker.initialize_with(json!({"elicitation": {}})).await;
     let mut approvals = Vec::new();

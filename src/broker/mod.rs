@@ -19,6 +19,7 @@ use serde_json::{Map, Value};
 use tokio::sync::{Notify, mpsc};
 
 use crate::clock::now_ms;
+use crate::defaults;
 use crate::mcp::{ErrorCode, RpcError};
 use crate::store::{
     AnswerOutcome, CancelOutcome, NewJob, NewTask, ProgressEvent, Store, StoreError, TaskEvent,
@@ -51,12 +52,12 @@ pub struct BrokerConfig {
 impl Default for BrokerConfig {
     fn default() -> Self {
         Self {
-            default_ttl_ms: Some(60 * 60 * 1000),
-            max_ttl_ms: 7 * 24 * 60 * 60 * 1000,
-            poll_interval_ms: 1000,
-            page_size: 100,
-            max_open_tasks: 1000,
-            max_argument_bytes: 1024 * 1024,
+            default_ttl_ms: Some(defaults::DEFAULT_TTL.as_millis() as i64),
+            max_ttl_ms: defaults::MAX_TTL.as_millis() as i64,
+            poll_interval_ms: defaults::POLL_INTERVAL.as_millis() as i64,
+            page_size: defaults::PAGE_SIZE as i64,
+            max_open_tasks: defaults::MAX_OPEN_TASKS,
+            max_argument_bytes: defaults::MAX_ARGUMENT_BYTES,
         }
     }
 }

@@ -1,7 +1,9 @@
-//! Abuse limits of the HTTP side (T-38): a request rate per principal (a
-//! token bucket), and a cap on open SSE streams.
+//! Abuse limits of the HTTP side (T-38): a request rate per requestor (a
+//! token bucket per principal, or per session without tokens), a rate of
+//! initialize per client address, and a cap on open SSE streams.
 
 use std::collections::HashMap;
+use std::net::IpAddr;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
@@ -10,13 +12,97 @@ use axum::body::Body;
 use axum::response::Response;
 use futures_util::StreamExt;
 
-/// Token buckets, one per key (principal, or session without auth).
+/// Who a request counts against.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Requestor<'a> {
+    /// The principal of its bearer token.
+    Principal(&'a str),
+    /// Without tokens: the live session it names.
+    Session(&'a str),
+    /// Without tokens and without a live session (initialize, mostly): the
+    /// client's address, if known.
+    Address(Option<IpAddr>),
+}
+
+/// A refusal: how long to wait, and the message that names the limit.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Refusal {
+    /// Until the bucket holds a request again.
+    pub wait: Duration,
+    /// "Too Many Requests: ...", naming the limit and its setting.
+    pub message: String,
+}
+
+/// The request-rate limits: one bucket per requestor for requests, one per
+/// address for requests that name no live session. Without tokens every
+/// local client shares 127.0.0.1, so a per-address rate would make clients
+/// wait for each other; per session each client has its own. Sessions
+/// themselves are opened at the per-address rate, so one address cannot
+/// mint fresh buckets without bound.
+#[derive(Debug)]
+pub struct RequestLimits {
+    /// Per principal, or per session without tokens.
+    requests: RateLimiter,
+    /// Per client address, for requests with no live session.
+    initialize: RateLimiter,
+}
+
+impl RequestLimits {
+    /// `requests` per requestor, `initialize` per address.
+    pub fn new(requests: RateLimiter, initialize: RateLimiter) -> Self {
+        Self {
+            requests,
+            initialize,
+        }
+    }
+
+    /// Take one request for `who`, or say why not.
+    pub fn check(&self, who: Requestor<'_>) -> Result<(), Refusal> {
+        let (limiter, key, what, per, flags) = match who {
+            Requestor::Principal(p) => (
+                &self.requests,
+                format!("principal:{p}"),
+                "requests",
+                "principal",
+                "--rate, --rate-burst",
+            ),
+            Requestor::Session(id) => (
+                &self.requests,
+                format!("session:{id}"),
+                "requests",
+                "session",
+                "--rate, --rate-burst",
+            ),
+            Requestor::Address(addr) => (
+                &self.initialize,
+                addr.map_or_else(|| "addr:-".to_owned(), |a| format!("addr:{a}")),
+                "initialize requests",
+                "client address",
+                "--initialize-rate, --initialize-burst",
+            ),
+        };
+        limiter.check(&key).map_err(|wait| {
+            let (rate, burst) = limiter.describe();
+            Refusal {
+                wait,
+                message: format!(
+                    "Too Many Requests: at most {rate} {what}/s (burst {burst}) per {per} \
+                     ({flags}); retry in {} ms",
+                    wait.as_millis()
+                ),
+            }
+        })
+    }
+}
+
+/// Token buckets, one per key.
 #[derive(Debug)]
 pub struct RateLimiter {
     /// Requests per second refilled.
     rate: f64,
     /// Bucket size: the burst allowed.
     burst: f64,
+    /// Tokens left and when last refilled, per key.
     buckets: Mutex<HashMap<String, (f64, Instant)>>,
 }
 
@@ -127,6 +213,33 @@ mod tests {
         assert!(wait > Duration::from_millis(500) && wait <= Duration::from_secs(1));
         assert!(limiter.check("b").is_ok(), "buckets are per key");
         assert!(RateLimiter::new(0.0, 1.0).check("a").is_ok(), "0 = off");
+    }
+
+    #[test]
+    fn t38_sessions_and_addresses_have_buckets_of_their_own() {
+        let limits = RequestLimits::new(RateLimiter::new(1.0, 1.0), RateLimiter::new(1.0, 2.0));
+        let addr = Some(IpAddr::from([127, 0, 0, 1]));
+        assert!(limits.check(Requestor::Session("a")).is_ok());
+        let refused = limits.check(Requestor::Session("a")).unwrap_err();
+        assert!(
+            refused.message.contains("per session"),
+            "{}",
+            refused.message
+        );
+        assert!(limits.check(Requestor::Session("b")).is_ok());
+        assert!(
+            limits.check(Requestor::Principal("a")).is_ok(),
+            "not the session a"
+        );
+        assert!(limits.check(Requestor::Address(addr)).is_ok());
+        assert!(limits.check(Requestor::Address(addr)).is_ok());
+        let refused = limits.check(Requestor::Address(addr)).unwrap_err();
+        assert!(
+            refused.message.contains("per client address")
+                && refused.message.contains("initialize-rate"),
+            "{}",
+            refused.message
+        );
     }
 
     #[test]

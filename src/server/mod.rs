@@ -22,10 +22,11 @@ use axum::Router;
 use axum::routing::{any, get};
 
 use crate::broker::Broker;
+use crate::defaults;
 
 pub use audit::Audit;
 pub use calls::ClientRequests;
-pub use limits::{RateLimiter, StreamCounter};
+pub use limits::{RateLimiter, Refusal, RequestLimits, Requestor, StreamCounter};
 pub use notify::{SessionStreams, spawn_status_notifier};
 pub use sessions::{Session, Sessions};
 pub use streams::Streams;
@@ -42,11 +43,16 @@ pub struct ServerConfig {
     /// `retry` (ms) announced in priming events: how long a client waits
     /// to reconnect after the server closes a stream.
     pub retry_ms: u64,
-    /// Requests per second per principal (per client address without
+    /// Requests per second per principal (per session without
     /// authentication); 0 = unlimited.
     pub rate_per_sec: f64,
     /// Burst of requests allowed above the rate.
     pub rate_burst: f64,
+    /// Without authentication, requests per second per client address
+    /// that name no live session (initialize, mostly); 0 = unlimited.
+    pub initialize_rate_per_sec: f64,
+    /// Burst allowed above the initialize rate.
+    pub initialize_burst: f64,
     /// Live sessions at most (initialize beyond: 503).
     pub max_sessions: i64,
     /// Open SSE streams at most (beyond: 503).
@@ -56,14 +62,16 @@ pub struct ServerConfig {
 impl Default for ServerConfig {
     fn default() -> Self {
         Self {
-            max_body_bytes: 4 * 1024 * 1024,
+            max_body_bytes: defaults::MAX_BODY,
             allowed_origins: Vec::new(),
             keep_alive: Duration::from_secs(15),
             retry_ms: 1000,
-            rate_per_sec: 50.0,
-            rate_burst: 100.0,
-            max_sessions: 10_000,
-            max_sse_streams: 1_000,
+            rate_per_sec: defaults::RATE,
+            rate_burst: defaults::RATE_BURST,
+            initialize_rate_per_sec: defaults::INITIALIZE_RATE,
+            initialize_burst: defaults::INITIALIZE_BURST,
+            max_sessions: defaults::MAX_SESSIONS,
+            max_sse_streams: defaults::MAX_SSE_STREAMS,
         }
     }
 }
@@ -81,8 +89,8 @@ pub struct AppState {
     pub client_requests: Arc<ClientRequests>,
     /// Open GET streams, for task status notifications.
     pub session_streams: Arc<SessionStreams>,
-    /// Requests per principal.
-    pub limiter: Arc<RateLimiter>,
+    /// Request rates per requestor, and of initialize per address.
+    pub limiter: Arc<RequestLimits>,
     /// Open SSE streams.
     pub open_streams: Arc<StreamCounter>,
     /// The audit trail.

@@ -5,7 +5,7 @@ use std::sync::Arc;
 use std::time::Instant;
 
 use axum::body::Body;
-use std::net::SocketAddr;
+use std::net::{IpAddr, SocketAddr};
 
 use axum::extract::{ConnectInfo, Request, State};
 use axum::http::{HeaderMap, HeaderValue, Method, StatusCode, header};
@@ -14,7 +14,7 @@ use serde_json::{Value, json};
 
 use super::auth::{self, AuthError, Principal};
 use super::dispatch::{Reply, StreamItem, dispatch};
-use super::limits::hold_while_streaming;
+use super::limits::{Requestor, hold_while_streaming};
 use super::notify::{parse_get_event_id, status_notification};
 use super::origin::{host_allowed, origin_allowed};
 use super::sessions::Session;
@@ -95,30 +95,19 @@ pub async fn mcp(State(state): State<AppState>, request: Request) -> Response {
             return unauthorized(&e);
         }
     };
-    // T-38: a request rate per principal (per client address without one).
-    let key = match (
-        &principal,
-        parts.extensions.get::<ConnectInfo<SocketAddr>>(),
-    ) {
-        (Some(p), _) => format!("principal:{}", p.0),
-        (None, Some(ConnectInfo(addr))) => format!("addr:{}", addr.ip()),
-        (None, None) => "anonymous".to_owned(),
-    };
-    if let Err(wait) = state.limiter.check(&key) {
-        let (rate, burst) = state.limiter.describe();
-        let mut r = http_error(
-            StatusCode::TOO_MANY_REQUESTS,
-            -32000,
-            &format!(
-                "Too Many Requests: at most {rate} requests/s (burst {burst}) per principal; retry in {} ms",
-                wait.as_millis()
-            ),
-        );
-        let secs = wait.as_secs().max(1).to_string();
+    // T-38: a request rate per requestor.
+    let address = parts
+        .extensions
+        .get::<ConnectInfo<SocketAddr>>()
+        .map(|ConnectInfo(a)| a.ip());
+    let who = requestor(&state, principal.as_ref(), &parts.headers, address).await;
+    if let Err(refused) = state.limiter.check(who) {
+        let mut r = http_error(StatusCode::TOO_MANY_REQUESTS, -32000, &refused.message);
+        let secs = refused.wait.as_secs().max(1).to_string();
         if let Ok(v) = HeaderValue::from_str(&secs) {
             r.headers_mut().insert(header::RETRY_AFTER, v);
         }
-        tracing::warn!(target: "audit", key, "rate limit hit");
+        tracing::warn!(target: "audit", requestor = ?who, "rate limit hit");
         return r;
     }
     let principal = principal.as_ref();
@@ -136,6 +125,29 @@ pub async fn mcp(State(state): State<AppState>, request: Request) -> Response {
                 .insert(header::ALLOW, HeaderValue::from_static("GET, POST, DELETE"));
             r
         }
+    }
+}
+
+/// Who a request counts against: its principal; without tokens, the live
+/// session it names, else (initialize, a missing, ended or made-up session
+/// id) its client address. The session is looked up here (and so cached
+/// for the handler): after a restart, each client's first request still
+/// counts against its own session, not against the address that all
+/// local clients share.
+async fn requestor<'a>(
+    state: &AppState,
+    principal: Option<&'a Principal>,
+    headers: &'a HeaderMap,
+    address: Option<IpAddr>,
+) -> Requestor<'a> {
+    if let Some(p) = principal {
+        return Requestor::Principal(&p.0);
+    }
+    match header_str(headers, SESSION_HEADER) {
+        Some(id) if matches!(state.sessions.lookup(id).await, Ok(Some(_))) => {
+            Requestor::Session(id)
+        }
+        _ => Requestor::Address(address),
     }
 }
 

@@ -17,13 +17,6 @@ use crate::mcp::RpcError;
 use crate::store::{ClaimedJob, NewWorker, Store, StoreError, TaskMessage};
 use crate::tools::{Registry, ToolContext, ToolEvent, ToolOutcome};
 
-/// Jobs one pool runs at once by default, all tools together. MCP tools
-/// mostly wait (on APIs, subprocesses, people), so the cap is not the
-/// number of cores: a running in-process job costs a few KB, a command
-/// tool's run a process (command tools have their own lower default, and
-/// a CPU-heavy tool sets its own `concurrency`).
-pub const DEFAULT_CONCURRENCY: usize = 256;
-
 /// How a pool runs.
 #[derive(Debug, Clone)]
 pub struct WorkerConfig {

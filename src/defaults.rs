@@ -1,0 +1,71 @@
+//! The default of every setting of `taskbroker serve` and `taskbroker
+//! worker`, in one place; flags, environment variables and the config file
+//! override them. The limits' defaults were each picked from a measurement
+//! on a 2-core machine, named beside each and in README's "Limits" table:
+//! they serve 16 local clients creating tasks as fast as they can, one
+//! session enqueueing 10,000 tasks in a burst, and 100 clients polling at
+//! the suggested interval, with no 429 and no refusal (tests/default_limits.rs).
+
+use std::net::{Ipv4Addr, SocketAddr, SocketAddrV4};
+use std::time::Duration;
+
+/// Jobs one pool (`--workers`, `--concurrency`) runs at once, all tools
+/// together. MCP tools mostly wait (on APIs, subprocesses, people), so the
+/// cap is not the number of cores: a running in-process job costs a few KB,
+/// a command tool's run one process (command tools have their own lower
+/// default below, and a CPU-heavy tool sets its own `concurrency`).
+pub const CONCURRENCY: usize = 256;
+
+/// Runs of one command tool at once in one process, unless its `[[tool]]`
+/// says otherwise: ten 20-second shell tasks submitted at once start at
+/// once on any machine.
+pub const COMMAND_CONCURRENCY: usize = 32;
+
+/// SQLite file.
+pub const DB: &str = "taskbroker.db";
+/// Where the server listens: loopback only.
+pub const LISTEN: SocketAddr = SocketAddr::V4(SocketAddrV4::new(Ipv4Addr::LOCALHOST, 8808));
+/// Job lease: a worker silent this long is presumed dead.
+pub const LEASE: Duration = Duration::from_secs(30);
+/// On shutdown, how long running jobs may finish.
+pub const GRACE: Duration = Duration::from_secs(10);
+/// Longest task ttl; requested ttls are clamped.
+pub const MAX_TTL: Duration = Duration::from_secs(7 * 24 * 3600);
+/// ttl of a task whose request names none.
+pub const DEFAULT_TTL: Duration = Duration::from_secs(3600);
+/// pollInterval suggested on every task.
+pub const POLL_INTERVAL: Duration = Duration::from_secs(1);
+/// Tasks per tasks/list page.
+pub const PAGE_SIZE: u64 = 100;
+/// Largest POST body, bytes.
+pub const MAX_BODY: usize = 4 * 1024 * 1024;
+/// Largest tool arguments, bytes of JSON.
+pub const MAX_ARGUMENT_BYTES: usize = 1024 * 1024;
+
+/// Non-terminal tasks one requestor may have. Measured: a task takes about
+/// 0.75 KB of database and `sleep 0` tasks drain at about 400/s with the
+/// default workers on 2 cores; 100,000 open tasks are ~75 MB and ~4 min of
+/// queue, and hold ten 10,000-task batches.
+pub const MAX_OPEN_TASKS: i64 = 100_000;
+/// Requests per second per requestor (principal, or session without
+/// tokens). Measured: a client creating tasks one after another reaches
+/// ~520/s; a `tasks/get` loop with no pause ~5,500/s (13,700/s with 32 in
+/// flight). At 1,000/s the first is never slowed, a loop that polls
+/// without pausing is.
+pub const RATE: f64 = 1_000.0;
+/// Burst above [`RATE`]: a 10,000-task batch fits in a full bucket however
+/// fast the machine (one session with 32 in flight creates 2,500-4,900
+/// tasks/s here).
+pub const RATE_BURST: f64 = 10_000.0;
+/// initialize requests (and requests naming no live session) per second
+/// per client address, without tokens. Measured: one client opening
+/// sessions back to back reaches ~950/s; 20/s is far above an agent
+/// platform opening a session per conversation, and slows a flood 50-fold.
+pub const INITIALIZE_RATE: f64 = 20.0;
+/// Burst above [`INITIALIZE_RATE`]: 100 clients starting at once fit,
+/// twice over.
+pub const INITIALIZE_BURST: f64 = 200.0;
+/// Live sessions at most.
+pub const MAX_SESSIONS: i64 = 10_000;
+/// Open SSE streams at most.
+pub const MAX_SSE_STREAMS: usize = 1_000;
