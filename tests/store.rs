@@ -1231,9 +1231,16 @@ async fn job_claim_available_priority_then_age() {
             .unwrap();
     }
     let now = T0 + 100;
+    let tools: Vec<ToolQuota> = (0..specs.len())
+        .map(|i| ToolQuota {
+            tool: format!("tool-{i}"),
+            free: 10,
+            global: None,
+        })
+        .collect();
     let claimed = db
         .store
-        .job_claim_available("w1", "lease-1", &echo(10), 10, LEASE_MS, now)
+        .job_claim_available("w1", "lease-1", &tools, 10, LEASE_MS, now)
         .await
         .unwrap();
     let ids: Vec<&str> = claimed.iter().map(|j| j.task_id.as_str()).collect();
@@ -2800,4 +2807,103 @@ async fn job_unclaim_queues_again_without_counting_the_attempt() {
     );
     let again = claim_one(&db.store, "w2", "lease-2", T0 + 2).await;
     assert_eq!(again.attempt, 1, "the undone claim did not count");
+}
+
+/// A claim takes at most each tool's quota, leaves tools without a quota,
+/// and for a tool with a global limit counts its running jobs in every
+/// process, except those of tasks waiting for their client.
+#[tokio::test]
+async fn job_claim_respects_tool_quotas_and_global_limits() {
+    let db = TestDb::new().await;
+    let mut seq = 0;
+    let mut create = |tool: &str| {
+        seq += 1;
+        let mut task = new_task(&format!("{tool}-{seq}"), "alice");
+        task.tool = tool.to_owned();
+        task
+    };
+    for tool in ["a", "a", "a", "b", "b", "b", "b", "c"] {
+        let task = create(tool);
+        db.store
+            .task_create(&task, Some(JOB), None, T0)
+            .await
+            .unwrap();
+    }
+    let quota = |tool: &str, free: i64, global: Option<i64>| ToolQuota {
+        tool: tool.into(),
+        free,
+        global,
+    };
+    let tools = |jobs: &[ClaimedJob]| {
+        let mut t: Vec<String> = jobs.iter().map(|j| j.tool.clone()).collect();
+        t.sort();
+        t
+    };
+    // a: 1 free here; b: 10 free here but 2 in all processes; c: not served.
+    let first = db
+        .store
+        .job_claim_available(
+            "w1",
+            "lease-1",
+            &[quota("a", 1, None), quota("b", 10, Some(2))],
+            10,
+            LEASE_MS,
+            T0 + 1,
+        )
+        .await
+        .unwrap();
+    assert_eq!(tools(&first), ["a", "b", "b"]);
+    // Another process: b's two running jobs count against its global limit.
+    let second = db
+        .store
+        .job_claim_available(
+            "w2",
+            "lease-2",
+            &[quota("a", 5, None), quota("b", 10, Some(2))],
+            10,
+            LEASE_MS,
+            T0 + 2,
+        )
+        .await
+        .unwrap();
+    assert_eq!(tools(&second), ["a", "a"], "b is at its global limit");
+    // One running b waits for its client: it no longer counts.
+    let waiting = first.iter().find(|j| j.tool == "b").unwrap();
+    let ask = taskbroker::store::TaskMessage {
+        request_id: "r-b".into(),
+        task_id: waiting.task_id.clone(),
+        method: "elicitation/create".into(),
+        params: "{}".into(),
+        response: None,
+    };
+    db.store
+        .task_message_ask(waiting.task_seq, "lease-1", &ask, T0 + 3)
+        .await
+        .unwrap();
+    let third = db
+        .store
+        .job_claim_available(
+            "w2",
+            "lease-3",
+            &[quota("b", 10, Some(2))],
+            10,
+            LEASE_MS,
+            T0 + 4,
+        )
+        .await
+        .unwrap();
+    assert_eq!(tools(&third), ["b"], "one slot of b's two is free again");
+    let none = db
+        .store
+        .job_claim_available(
+            "w2",
+            "lease-4",
+            &[quota("b", 10, Some(2))],
+            10,
+            LEASE_MS,
+            T0 + 5,
+        )
+        .await
+        .unwrap();
+    assert!(none.is_empty());
 }

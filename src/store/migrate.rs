@@ -138,10 +138,14 @@ pub(super) async fn run(path: &Path, options: &SqliteConnectOptions) -> Result<u
             }
             Err(e) => {
                 last_error = e.to_string();
-                // Only a race with another process migrating the same file
-                // is worth another try; anything else fails at once.
-                let race = last_error.contains("locked") || last_error.contains("UNIQUE");
-                if !race {
+                // Another process migrating the same file at once makes
+                // this one fail (locked, a table that already exists, a
+                // history row taken): worth another try. A file that can
+                // never be a database is not.
+                let hopeless = ["file is not a database", "unable to open", "readonly"]
+                    .iter()
+                    .any(|t| last_error.contains(t));
+                if hopeless {
                     return Err(super::open_failed(path, &last_error));
                 }
             }
