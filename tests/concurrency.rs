@@ -204,21 +204,39 @@ async fn pending_request(c: &mut Client, task_id: &str) -> Value {
     }
 }
 
+/// `n` `approve` tasks from one session that declared elicitation; the
+/// client and the task ids.
+async fn ask_approvals(server: &Server, n: usize) -> (Client, Vec<String>) {
+    let mut asker = Client::new(&server.url);
+    asker.initialize_with(json!({"elicitation": {}})).await;
+    let mut ids = Vec::new();
+    for i in 0..n {
+        let t = asker
+            .call_task("approve", json!({"question": format!("deploy {i}?")}))
+            .await;
+        ids.push(t["taskId"].as_str().unwrap().to_owned());
+    }
+    (asker, ids)
+}
+
+/// Answer each approval's pending request with "approved".
+async fn approve_all(asker: &mut Client, ids: &[String]) {
+    for id in ids {
+        let request = pending_request(asker, id).await;
+        let body = json!({"jsonrpc": "2.0", "id": request["id"],
+                          "result": {"action": "accept", "content": {"approved": true}}});
+        let raw = asker.post_raw(asker.headers(), body.to_string()).await;
+        assert_eq!(raw.status, 202, "{}", raw.body);
+    }
+}
+
 /// Default settings: 200 tasks waiting for a person (`approve`, left
 /// input_required) delay none of 500 other tasks; answered afterwards, the
 /// approvals complete too.
 #[tokio::test]
 async fn issue13_waiting_tasks_hold_no_slot() {
     let server = Server::start(&[]);
-    let mut asker = Client::new(&server.url);
-    asker.initialize_with(json!({"elicitation": {}})).await;
-    let mut approvals = Vec::new();
-    for i in 0..200 {
-        let t = asker
-            .call_task("approve", json!({"question": format!("deploy {i}?")}))
-            .await;
-        approvals.push(t["taskId"].as_str().unwrap().to_owned());
-    }
+    let (mut asker, approvals) = ask_approvals(&server, 200).await;
     let db = server.read_db().await;
     let deadline = Instant::now() + Duration::from_secs(30);
     loop {
@@ -241,13 +259,7 @@ async fn issue13_waiting_tasks_hold_no_slot() {
             .await
             .unwrap();
     assert_eq!(still_waiting, 200, "nobody answered yet");
-    for id in &approvals {
-        let request = pending_request(&mut asker, id).await;
-        let body = json!({"jsonrpc": "2.0", "id": request["id"],
-                          "result": {"action": "accept", "content": {"approved": true}}});
-        let raw = asker.post_raw(asker.headers(), body.to_string()).await;
-        assert_eq!(raw.status, 202, "{}", raw.body);
-    }
+    approve_all(&mut asker, &approvals).await;
     wait_all_completed(&server, &approvals, Duration::from_secs(60)).await;
 }
 
@@ -256,24 +268,10 @@ async fn issue13_waiting_tasks_hold_no_slot() {
 /// takes a slot again to go on).
 #[tokio::test]
 async fn issue13_waiting_tasks_hold_no_slot_in_a_small_pool() {
-    let server = Server::start(&["--workers", "2", "--rate", "0"]);
-    let mut asker = Client::new(&server.url);
-    asker.initialize_with(json!({"elicitation": {}})).await;
-    let mut approvals = Vec::new();
-    for i in 0..50 {
-        let t = asker
-            .call_task("approve", json!({"question": format!("merge {i}?")}))
-            .await;
-        approvals.push(t["taskId"].as_str().unwrap().to_owned());
-    }
+    let server = Server::start(&["--workers", "2"]);
+    let (mut asker, approvals) = ask_approvals(&server, 50).await;
     let sleeps = create_tasks(&server, "sleep", json!({"seconds": 0}), 100, 4).await;
     wait_all_completed(&server, &sleeps, Duration::from_secs(60)).await;
-    for id in &approvals {
-        let request = pending_request(&mut asker, id).await;
-        let body = json!({"jsonrpc": "2.0", "id": request["id"],
-                          "result": {"action": "accept", "content": {"approved": true}}});
-        let raw = asker.post_raw(asker.headers(), body.to_string()).await;
-        assert_eq!(raw.status, 202, "{}", raw.body);
-    }
+    approve_all(&mut asker, &approvals).await;
     wait_all_completed(&server, &approvals, Duration::from_secs(60)).await;
 }
