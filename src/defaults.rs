@@ -43,9 +43,9 @@ pub const MAX_BODY: usize = 4 * 1024 * 1024;
 pub const MAX_ARGUMENT_BYTES: usize = 1024 * 1024;
 
 /// Non-terminal tasks one requestor may have. Measured: a task takes about
-/// 0.75 KB of database and `sleep 0` tasks drain at about 400/s with the
-/// default workers on 2 cores; 100,000 open tasks are ~75 MB and ~4 min of
-/// queue, and hold ten 10,000-task batches.
+/// 0.75 KB of database and `sleep 0` tasks drain at about 1,000/s with the
+/// default pool on 2 cores; 100,000 open tasks are ~75 MB and under 2 min
+/// of such a queue, and hold ten 10,000-task batches.
 pub const MAX_OPEN_TASKS: i64 = 100_000;
 /// Requests per second per requestor (principal, or session without
 /// tokens). Measured: a client creating tasks one after another reaches
