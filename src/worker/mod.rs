@@ -290,6 +290,8 @@ impl WorkerPool {
     }
 
     async fn shutdown(&self, mut jobs: tokio::task::JoinSet<()>, release: CancellationToken) {
+        // Jobs that ended but were not reaped yet are not running.
+        while jobs.try_join_next().is_some() {}
         let running = jobs.len();
         if running > 0 {
             tracing::info!(worker = %self.worker_id, running, grace_s = self.config.grace.as_secs_f64(),
