@@ -105,6 +105,7 @@ impl Core {
         tools: Vec<Arc<dyn Tool>>,
         broker: BrokerConfig,
         lease: Duration,
+        session_idle: Option<Duration>,
     ) -> anyhow::Result<Self> {
         let tools = Arc::new(Registry::new(tools)?);
         let feed = Feed::new();
@@ -117,7 +118,7 @@ impl Core {
         let broker = Broker::new(store.clone(), tools, broker, feed, writer, job_queued);
         let maintenance = tokio::spawn(maintenance::run(
             broker.clone(),
-            maintenance::MaintenanceConfig::for_lease(lease),
+            maintenance::MaintenanceConfig::for_lease(lease, session_idle),
             shutdown.clone(),
         ));
         Ok(Self {
@@ -171,6 +172,7 @@ pub async fn serve(config: ServeConfig) -> anyhow::Result<()> {
         config.tools.clone(),
         config.broker.clone(),
         config.lease,
+        Some(config.server.session_idle),
     )
     .await?;
     // Cancelled by SIGINT/SIGTERM: HTTP drains, workers stop claiming and
@@ -201,7 +203,7 @@ pub async fn serve(config: ServeConfig) -> anyhow::Result<()> {
         token_presence: Arc::default(),
         session_streams,
         broker: core.broker.clone(),
-        sessions: Arc::new(Sessions::new(store.clone())),
+        sessions: Arc::new(Sessions::new(store.clone(), config.server.session_idle)),
         streams: Arc::new(Streams::new(
             config.server.retry_ms,
             config.server.keep_alive,
@@ -266,6 +268,7 @@ pub async fn work(config: WorkConfig) -> anyhow::Result<()> {
         config.tools.clone(),
         BrokerConfig::default(),
         config.lease,
+        None,
     )
     .await?;
     let pool = core.pool(config.concurrency, config.lease, config.grace, "process");

@@ -106,6 +106,8 @@ pub struct ServerSection {
     pub initialize_burst: Option<f64>,
     /// Live sessions at most.
     pub max_sessions: Option<i64>,
+    /// Unused this long, a session expires.
+    pub session_idle: Option<Spanned<DurationValue>>,
     /// Open SSE streams at most.
     pub max_sse_streams: Option<usize>,
 }

@@ -67,5 +67,11 @@ pub const INITIALIZE_RATE: f64 = 20.0;
 pub const INITIALIZE_BURST: f64 = 200.0;
 /// Live sessions at most.
 pub const MAX_SESSIONS: i64 = 10_000;
+/// A session unused this long expires unless it owns a task whose ttl has
+/// not run out: an hour, like the default task ttl. A person's pause
+/// between two prompts is shorter; a client that went away without DELETE
+/// stops counting against `MAX_SESSIONS` within the hour; a client that
+/// comes back later gets 404 and initializes again, as the transport says.
+pub const SESSION_IDLE: Duration = Duration::from_secs(3600);
 /// Open SSE streams at most.
 pub const MAX_SSE_STREAMS: usize = 1_000;

@@ -164,6 +164,11 @@ struct ServeArgs {
     /// Open SSE streams at most [default: 1000].
     #[arg(long, env = "TASKBROKER_MAX_SSE_STREAMS")]
     max_sse_streams: Option<usize>,
+    /// Seconds a session may go unused before it expires (404; the client
+    /// initializes again), unless it owns a task whose ttl has not run out
+    /// [default: 3600].
+    #[arg(long, env = "TASKBROKER_SESSION_IDLE", value_parser = positive_secs)]
+    session_idle: Option<f64>,
 }
 
 #[derive(Debug, Args)]
@@ -304,6 +309,11 @@ impl ServeArgs {
             &[&s.grace],
             defaults::GRACE,
         )?;
+        let session_idle = setting(
+            self.session_idle.map(Duration::from_secs_f64),
+            &[&s.session_idle],
+            defaults::SESSION_IDLE,
+        )?;
         let max_ttl = setting(
             self.max_ttl.map(Duration::from_secs),
             &[&s.max_ttl],
@@ -374,6 +384,7 @@ impl ServeArgs {
                     .max_sessions
                     .or(s.max_sessions)
                     .unwrap_or(defaults::MAX_SESSIONS),
+                session_idle,
                 max_sse_streams: self
                     .max_sse_streams
                     .or(s.max_sse_streams)

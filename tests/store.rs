@@ -2907,3 +2907,66 @@ async fn job_claim_respects_tool_quotas_and_global_limits() {
         .unwrap();
     assert!(none.is_empty());
 }
+
+/// Sessions idle past their time stop counting as live at once unless they
+/// own a task whose ttl has not run out; the sweeper ends them, then
+/// deletes ended sessions that own no unexpired task.
+#[tokio::test]
+async fn session_expiry_counts_and_sweeps() {
+    let db = TestDb::new().await;
+    const IDLE: i64 = 1_000;
+    for id in ["busy", "idle", "owner", "gone"] {
+        db.store.session_create(&new_session(id), T0).await.unwrap();
+    }
+    let mut task = new_task_ttl("t-owner", "owner", 60_000);
+    task.session_id = Some("owner".into());
+    db.store
+        .task_create(&task, Some(JOB), None, T0)
+        .await
+        .unwrap();
+    db.store.session_end("gone", T0).await.unwrap();
+    db.store.session_touch("busy", T0 + 1_500).await.unwrap();
+    let later = T0 + 1_600;
+    assert_eq!(
+        db.store.session_count_live(IDLE, later).await.unwrap(),
+        2,
+        "busy and owner"
+    );
+    assert!(
+        db.store
+            .session_owns_open_tasks("owner", later)
+            .await
+            .unwrap()
+    );
+    assert!(
+        !db.store
+            .session_owns_open_tasks("idle", later)
+            .await
+            .unwrap()
+    );
+    let (ended, deleted) = db
+        .store
+        .session_expire_idle(IDLE, later, 100)
+        .await
+        .unwrap();
+    assert_eq!(
+        (ended, deleted),
+        (1, 2),
+        "idle ended; idle and gone deleted"
+    );
+    assert!(db.store.session_get("idle").await.unwrap().is_none());
+    assert!(db.store.session_get("gone").await.unwrap().is_none());
+    assert!(db.store.session_get("owner").await.unwrap().is_some());
+    // Once the owner's task has expired, it goes too.
+    let after_ttl = T0 + 61_000;
+    assert_eq!(
+        db.store.session_count_live(IDLE, after_ttl).await.unwrap(),
+        0
+    );
+    let (ended, deleted) = db
+        .store
+        .session_expire_idle(IDLE, after_ttl, 100)
+        .await
+        .unwrap();
+    assert_eq!((ended, deleted), (2, 2), "busy and owner");
+}

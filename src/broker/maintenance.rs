@@ -1,5 +1,6 @@
-//! Background services of a broker process: the ttl purger (T-33, T-34) and
-//! the rescuer of jobs whose worker lease expired.
+//! Background services of a broker process: the ttl purger (T-33, T-34),
+//! the rescuer of jobs whose worker lease expired, and (in servers) the
+//! sweeper of idle sessions.
 
 use std::time::Duration;
 
@@ -19,12 +20,16 @@ pub struct MaintenanceConfig {
     pub rescue_every: Duration,
     /// Delay before a rescued job runs again, times its attempt number.
     pub retry_backoff: Duration,
+    /// Sessions idle this long that own no unexpired task are ended and
+    /// deleted on each purge tick; `None` (worker processes) sweeps none.
+    pub session_idle: Option<Duration>,
 }
 
 impl MaintenanceConfig {
     /// Defaults for a lease of `lease`: rescue checks four times per lease.
-    pub fn for_lease(lease: Duration) -> Self {
+    pub fn for_lease(lease: Duration, session_idle: Option<Duration>) -> Self {
         Self {
+            session_idle,
             purge_every: Duration::from_secs(5),
             purge_batch: 500,
             rescue_every: (lease / 4).clamp(Duration::from_millis(100), Duration::from_secs(5)),
@@ -44,7 +49,12 @@ pub async fn run(broker: Broker, config: MaintenanceConfig, shutdown: Cancellati
     loop {
         tokio::select! {
             _ = shutdown.cancelled() => return,
-            _ = purge.tick() => purge_expired(&broker, config.purge_batch).await,
+            _ = purge.tick() => {
+                purge_expired(&broker, config.purge_batch).await;
+                if let Some(idle) = config.session_idle {
+                    sweep_sessions(&broker, idle, config.purge_batch).await;
+                }
+            }
             _ = rescue.tick() => match broker.store().job_rescue_expired(backoff_ms, now_ms()).await {
                 Ok(report) if report != Default::default() => {
                     tracing::warn!(requeued = report.requeued, failed = report.failed,
@@ -63,6 +73,26 @@ pub async fn run(broker: Broker, config: MaintenanceConfig, shutdown: Cancellati
                 Err(e) => tracing::warn!(error = %e, "marking dead workers failed"),
             },
         }
+    }
+}
+
+/// End idle sessions that own no unexpired task, and delete ended ones.
+async fn sweep_sessions(broker: &Broker, idle: Duration, batch: i64) {
+    let idle_ms = i64::try_from(idle.as_millis()).unwrap_or(i64::MAX);
+    match broker
+        .store()
+        .session_expire_idle(idle_ms, now_ms(), batch)
+        .await
+    {
+        Ok((0, 0)) => {}
+        Ok((ended, deleted)) => {
+            tracing::info!(
+                ended,
+                deleted,
+                "idle sessions expired, ended sessions purged"
+            )
+        }
+        Err(e) => tracing::warn!(error = %e, "session sweep failed"),
     }
 }
 

@@ -55,6 +55,9 @@ pub struct ServerConfig {
     pub initialize_burst: f64,
     /// Live sessions at most (initialize beyond: 503).
     pub max_sessions: i64,
+    /// A session unused this long expires (404, the client initializes
+    /// again), unless it owns a task whose ttl has not run out.
+    pub session_idle: Duration,
     /// Open SSE streams at most (beyond: 503).
     pub max_sse_streams: usize,
 }
@@ -71,6 +74,7 @@ impl Default for ServerConfig {
             initialize_rate_per_sec: defaults::INITIALIZE_RATE,
             initialize_burst: defaults::INITIALIZE_BURST,
             max_sessions: defaults::MAX_SESSIONS,
+            session_idle: defaults::SESSION_IDLE,
             max_sse_streams: defaults::MAX_SSE_STREAMS,
         }
     }

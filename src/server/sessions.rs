@@ -81,14 +81,17 @@ impl Session {
 #[derive(Debug)]
 pub struct Sessions {
     store: Store,
+    /// Unused this long, a session expires (unless it owns open tasks).
+    idle_ms: i64,
     cache: RwLock<HashMap<String, Arc<Session>>>,
 }
 
 impl Sessions {
     /// Sessions stored in `store`.
-    pub fn new(store: Store) -> Self {
+    pub fn new(store: Store, idle: std::time::Duration) -> Self {
         Self {
             store,
+            idle_ms: i64::try_from(idle.as_millis()).unwrap_or(i64::MAX),
             cache: RwLock::new(HashMap::new()),
         }
     }
@@ -126,7 +129,10 @@ impl Sessions {
         Ok(session)
     }
 
-    /// A live session by id; None when unknown or ended (-> 404).
+    /// A live session by id; None when unknown, ended or expired (-> 404).
+    /// A session unused for the idle time expires here, at its next use,
+    /// unless it owns a task whose ttl has not run out; the sweeper ends
+    /// the ones never used again.
     pub async fn lookup(&self, id: &str) -> Result<Option<Arc<Session>>, StoreError> {
         let cached = self.read_cache().get(id).cloned();
         let session = match cached {
@@ -152,7 +158,13 @@ impl Sessions {
         };
         let now = now_ms();
         let last = session.last_touch.load(Ordering::Relaxed);
-        if now - last > TOUCH_EVERY_MS {
+        if now - last > self.idle_ms && !self.store.session_owns_open_tasks(id, now).await? {
+            tracing::info!(session = id, "session expired: idle");
+            self.end(id).await?;
+            return Ok(None);
+        }
+        // Often enough that an active session never looks idle.
+        if now - last > (self.idle_ms / 4).min(TOUCH_EVERY_MS) {
             session.last_touch.store(now, Ordering::Relaxed);
             self.store.session_touch(id, now).await?;
         }

@@ -403,13 +403,19 @@ async fn initialize(
     } else {
         mcp::LATEST_PROTOCOL_VERSION.to_owned()
     };
-    match state.broker.store().session_count_live().await {
+    let idle_ms = i64::try_from(state.config.session_idle.as_millis()).unwrap_or(i64::MAX);
+    match state
+        .broker
+        .store()
+        .session_count_live(idle_ms, crate::clock::now_ms())
+        .await
+    {
         Ok(n) if n >= state.config.max_sessions => {
             return http_error(
                 StatusCode::SERVICE_UNAVAILABLE,
                 -32000,
                 &format!(
-                    "Service Unavailable: {n} live sessions, the maximum is {} (end sessions with DELETE)",
+                    "Service Unavailable: {n} live sessions, the maximum is {} (end sessions with DELETE; idle ones expire after --session-idle)",
                     state.config.max_sessions
                 ),
             );

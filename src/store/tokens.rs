@@ -111,14 +111,4 @@ impl Store {
         .await?;
         Ok(n)
     }
-
-    /// How many sessions are live (not ended).
-    pub async fn session_count_live(&self) -> Result<i64, StoreError> {
-        let n = sqlx::query_scalar!(
-            r#"SELECT count(*) AS "n!: i64" FROM sessions WHERE ended_at IS NULL"#
-        )
-        .fetch_one(&self.read)
-        .await?;
-        Ok(n)
-    }
 }
