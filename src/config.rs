@@ -108,6 +108,14 @@ pub struct ServerSection {
     pub max_sessions: Option<i64>,
     /// Open SSE streams at most.
     pub max_sse_streams: Option<usize>,
+    /// Request head deadline.
+    pub header_timeout: Option<Spanned<DurationValue>>,
+    /// Request body deadline.
+    pub body_timeout: Option<Spanned<DurationValue>>,
+    /// Idle kept-alive connection deadline.
+    pub idle_timeout: Option<Spanned<DurationValue>>,
+    /// Open connections at most.
+    pub max_connections: Option<u32>,
 }
 
 /// `[worker]`: settings of `taskbroker worker`.
