@@ -232,3 +232,59 @@ async fn issue14_oversized_headers_are_still_answered_431() {
     assert!(answer.starts_with("HTTP/1.1 431"), "{answer}");
     drop(writer.await);
 }
+
+/// Issue 14, shutdown with the new accept loop: on SIGTERM new connections
+/// are refused, an idle kept-alive connection is closed at once, a
+/// `tasks/result` stream in flight still delivers, and the broker exits.
+#[tokio::test]
+async fn issue14_sigterm_stops_accepting_closes_idle_connections_and_lets_streams_finish() {
+    // The default worker --grace (10 s) lets the 2 s job finish.
+    let mut server = Server::start(&[]);
+    let addr = address(&server);
+    let mut c = server.client().await;
+    let task = c.call_task("sleep", json!({"seconds": 2})).await;
+    let task_id = task["taskId"].as_str().unwrap().to_owned();
+    let (id, response) = c
+        .post_stream("tasks/result", json!({"taskId": task_id}))
+        .await;
+    let mut idle = TcpStream::connect(&addr).await.unwrap();
+    idle.write_all(format!("GET /healthz HTTP/1.1\r\nHost: {addr}\r\n\r\n").as_bytes())
+        .await
+        .unwrap();
+    let mut buf = [0u8; 1024];
+    assert!(idle.read(&mut buf).await.unwrap() > 0);
+    let pid = nix::unistd::Pid::from_raw(server.child().id() as i32);
+    nix::sys::signal::kill(pid, nix::sys::signal::Signal::SIGTERM).unwrap();
+    let (_, closed) = read_until_closed(&mut idle, Duration::from_secs(2)).await;
+    assert!(closed.is_some(), "idle connection still open after SIGTERM");
+    // The listener closes as the accept loop sees the signal.
+    let refused_by = Instant::now() + Duration::from_secs(1);
+    while TcpStream::connect(&addr).await.is_ok() {
+        assert!(
+            Instant::now() < refused_by,
+            "new connections still accepted 1 s after SIGTERM"
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    let mut sse = SseReader::new(response);
+    let result = loop {
+        let (_, message) = sse.next_message().await.expect("stream cut by shutdown");
+        if message.get("id").is_some() {
+            break message;
+        }
+    };
+    assert_eq!(result["id"], id, "{result}");
+    assert!(result.get("result").is_some(), "{result}");
+    let deadline = Instant::now() + Duration::from_secs(10);
+    let status = loop {
+        if let Some(status) = server.child().try_wait().unwrap() {
+            break status;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "broker still running 10 s after SIGTERM"
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    };
+    assert!(status.success(), "{status}");
+}
