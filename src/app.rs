@@ -7,11 +7,11 @@ use std::path::PathBuf;
 use std::sync::Arc;
 use std::time::Duration;
 
-use anyhow::Context;
 use tokio_util::sync::CancellationToken;
 
 use crate::broker::{Broker, BrokerConfig, Feed, Writer, maintenance};
 use crate::defaults;
+use crate::server::connections::Deadlines;
 use crate::server::{
     AppState, Audit, ClientRequests, RateLimiter, RequestLimits, ServerConfig, SessionStreams,
     Sessions, StreamCounter, Streams, spawn_status_notifier,
@@ -226,23 +226,20 @@ pub async fn serve(config: ServeConfig) -> anyhow::Result<()> {
             stopping.cancel();
         });
     }
-    let graceful = stopping.clone();
-    // Small SSE events must not wait for delayed ACKs (Nagle): ~40 ms each
-    // on a reused connection.
-    let listener = axum::serve::ListenerExt::tap_io(listener, |tcp| {
-        if let Err(e) = tcp.set_nodelay(true) {
-            tracing::debug!(error = %e, "TCP_NODELAY not set");
-        }
-    });
-    let server = axum::serve(
+    let server = crate::server::connections::serve(
         listener,
-        app.into_make_service_with_connect_info::<SocketAddr>(),
-    )
-    .with_graceful_shutdown(async move { graceful.cancelled().await });
+        app,
+        config.server.max_connections,
+        Deadlines {
+            header: config.server.header_timeout,
+            idle: config.server.idle_timeout,
+        },
+        stopping.clone(),
+    );
     let grace = config.shutdown_grace;
     let stopped = stopping.clone();
     tokio::select! {
-        result = server => result.context("HTTP server failed")?,
+        () = server => {}
         // Long-lived streams (tasks/result waits) would hold graceful
         // shutdown open forever: give them a bounded grace period.
         _ = async move { stopped.cancelled().await; tokio::time::sleep(grace).await } => {

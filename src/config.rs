@@ -110,6 +110,14 @@ pub struct ServerSection {
     pub session_idle: Option<Spanned<DurationValue>>,
     /// Open SSE streams at most.
     pub max_sse_streams: Option<usize>,
+    /// Request head deadline.
+    pub header_timeout: Option<Spanned<DurationValue>>,
+    /// Request body deadline.
+    pub body_timeout: Option<Spanned<DurationValue>>,
+    /// Idle kept-alive connection deadline.
+    pub idle_timeout: Option<Spanned<DurationValue>>,
+    /// Open connections at most.
+    pub max_connections: Option<u32>,
 }
 
 /// `[worker]`: settings of `taskbroker worker`.

@@ -75,3 +75,23 @@ pub const MAX_SESSIONS: i64 = 10_000;
 pub const SESSION_IDLE: Duration = Duration::from_secs(3600);
 /// Open SSE streams at most.
 pub const MAX_SSE_STREAMS: usize = 1_000;
+
+/// From accept (or a reused connection's first byte) to the end of a
+/// request's head. A real client sends its head in one packet; 10 s covers
+/// a slow mobile link and still frees a half-sent connection's descriptor
+/// well before the next flood fills the cap.
+pub const HEADER_TIMEOUT: Duration = Duration::from_secs(10);
+/// From a request's head to the end of its body: [`MAX_BODY`] (4 MiB)
+/// arrives in 30 s at ~140 KB/s, far below any link an agent runs on.
+pub const BODY_TIMEOUT: Duration = Duration::from_secs(30);
+/// A kept-alive connection with no request in flight: longer than the
+/// suggested [`POLL_INTERVAL`] many times over, so a polling client keeps
+/// its connection; an open SSE response is never idle.
+pub const IDLE_TIMEOUT: Duration = Duration::from_secs(60);
+/// Open connections at most; beyond, a new one is refused at once (503).
+/// Half of the 20,000 descriptors of a usual service limit: the other half
+/// covers SQLite (the file, its WAL and shm per pooled connection), command
+/// tools (three pipes per run, a few hundred runs at most) and headroom,
+/// so that a flood is refused instead of making accept fail for everyone.
+/// It holds [`MAX_SSE_STREAMS`] ten times over.
+pub const MAX_CONNECTIONS: u32 = 10_000;

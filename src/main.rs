@@ -169,6 +169,23 @@ struct ServeArgs {
     /// [default: 3600].
     #[arg(long, env = "TASKBROKER_SESSION_IDLE", value_parser = positive_secs)]
     session_idle: Option<f64>,
+    /// Seconds a client has to send a request's head, from connecting (or
+    /// from its first byte on a reused connection); the connection is
+    /// closed beyond [default: 10].
+    #[arg(long, env = "TASKBROKER_HEADER_TIMEOUT", value_parser = positive_secs)]
+    header_timeout: Option<f64>,
+    /// Seconds a client has to send a request's body once its head is in
+    /// (408 beyond); responses and SSE streams have no such limit [default: 30].
+    #[arg(long, env = "TASKBROKER_BODY_TIMEOUT", value_parser = positive_secs)]
+    body_timeout: Option<f64>,
+    /// Seconds a kept-alive connection may wait with no request in flight
+    /// before it is closed; an open SSE stream is never idle [default: 60].
+    #[arg(long, env = "TASKBROKER_IDLE_TIMEOUT", value_parser = positive_secs)]
+    idle_timeout: Option<f64>,
+    /// Open connections at most; beyond, new ones are refused at once
+    /// with 503 [default: 10000].
+    #[arg(long, env = "TASKBROKER_MAX_CONNECTIONS", value_parser = clap::value_parser!(u32).range(1..=1_000_000))]
+    max_connections: Option<u32>,
 }
 
 #[derive(Debug, Args)]
@@ -236,6 +253,12 @@ fn duration_setting(
         }
     }
     Ok(default)
+}
+
+/// A deadline of 0 would close every connection at once.
+fn positive_setting(name: &str, value: Duration) -> anyhow::Result<Duration> {
+    anyhow::ensure!(!value.is_zero(), "{name} must be above 0");
+    Ok(value)
 }
 
 /// Leases shorter than this would expire between heartbeats.
@@ -329,6 +352,30 @@ impl ServeArgs {
             &[&s.poll_interval],
             defaults::POLL_INTERVAL,
         )?;
+        let header_timeout = positive_setting(
+            "header_timeout",
+            setting(
+                self.header_timeout.map(Duration::from_secs_f64),
+                &[&s.header_timeout],
+                defaults::HEADER_TIMEOUT,
+            )?,
+        )?;
+        let body_timeout = positive_setting(
+            "body_timeout",
+            setting(
+                self.body_timeout.map(Duration::from_secs_f64),
+                &[&s.body_timeout],
+                defaults::BODY_TIMEOUT,
+            )?,
+        )?;
+        let idle_timeout = positive_setting(
+            "idle_timeout",
+            setting(
+                self.idle_timeout.map(Duration::from_secs_f64),
+                &[&s.idle_timeout],
+                defaults::IDLE_TIMEOUT,
+            )?,
+        )?;
         let mut allowed_origins = s.allowed_origins.clone().unwrap_or_default();
         allowed_origins.extend(self.allowed_origins);
         Ok(ServeConfig {
@@ -389,6 +436,14 @@ impl ServeArgs {
                     .max_sse_streams
                     .or(s.max_sse_streams)
                     .unwrap_or(defaults::MAX_SSE_STREAMS),
+                header_timeout,
+                body_timeout,
+                idle_timeout,
+                max_connections: self
+                    .max_connections
+                    .or(s.max_connections)
+                    .unwrap_or(defaults::MAX_CONNECTIONS)
+                    .max(1),
                 ..ServerConfig::default()
             },
             shutdown_grace: Duration::from_secs(5),

@@ -1,10 +1,12 @@
 //! The MCP endpoint over Streamable HTTP: axum routes, origin checks,
 //! sessions, JSON and SSE responses, and the dispatch of methods to the
-//! broker. No SQL here.
+//! broker. No SQL here. [`connections`] accepts connections and holds
+//! them to their deadlines and cap.
 
 mod audit;
 pub mod auth;
 mod calls;
+pub mod connections;
 mod dispatch;
 mod limits;
 mod notify;
@@ -60,6 +62,16 @@ pub struct ServerConfig {
     pub session_idle: Duration,
     /// Open SSE streams at most (beyond: 503).
     pub max_sse_streams: usize,
+    /// From accept, or a reused connection's first byte, to the end of the
+    /// request head (the connection is closed beyond).
+    pub header_timeout: Duration,
+    /// From a request's head to the end of its body (408 beyond).
+    pub body_timeout: Duration,
+    /// A kept-alive connection with no request in flight is closed after
+    /// this.
+    pub idle_timeout: Duration,
+    /// Open connections at most (beyond: refused at once).
+    pub max_connections: u32,
 }
 
 impl Default for ServerConfig {
@@ -76,6 +88,10 @@ impl Default for ServerConfig {
             max_sessions: defaults::MAX_SESSIONS,
             session_idle: defaults::SESSION_IDLE,
             max_sse_streams: defaults::MAX_SSE_STREAMS,
+            header_timeout: defaults::HEADER_TIMEOUT,
+            body_timeout: defaults::BODY_TIMEOUT,
+            idle_timeout: defaults::IDLE_TIMEOUT,
+            max_connections: defaults::MAX_CONNECTIONS,
         }
     }
 }

@@ -296,9 +296,25 @@ async fn post(
     if declared.is_some_and(|n| n > limit) {
         return too_large();
     }
-    let bytes = match axum::body::to_bytes(body, limit).await {
-        Ok(b) => b,
-        Err(_) => return too_large(),
+    // A stalled body must not hold the connection (issue 14); responses,
+    // SSE streams included, have no such deadline.
+    let timeout = state.config.body_timeout;
+    let bytes = match tokio::time::timeout(timeout, axum::body::to_bytes(body, limit)).await {
+        Ok(Ok(b)) => b,
+        Ok(Err(_)) => return too_large(),
+        Err(_) => {
+            let mut r = http_error(
+                StatusCode::REQUEST_TIMEOUT,
+                -32000,
+                &format!(
+                    "Request Timeout: the body did not arrive within {} s (--body-timeout)",
+                    timeout.as_secs_f64()
+                ),
+            );
+            r.headers_mut()
+                .insert(header::CONNECTION, HeaderValue::from_static("close"));
+            return r;
+        }
     };
     let message = match mcp::parse_message(&bytes) {
         Ok(m) => m,

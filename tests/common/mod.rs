@@ -89,6 +89,11 @@ impl Server {
     }
 
     /// The server's log so far.
+    /// The broker's process, to signal it or wait for it.
+    pub fn child(&mut self) -> &mut Child {
+        self.child.as_mut().expect("the broker is running")
+    }
+
     pub fn log(&self) -> String {
         std::fs::read_to_string(self.dir.join("server.log")).unwrap_or_default()
     }
