@@ -39,7 +39,7 @@ import time
 
 STOP = threading.Event()
 LOCK = threading.Lock()
-COUNTS = {"tasks_created": 0, "tasks_completed": 0, "tasks_lost": 0, "sessions_opened": 0,
+COUNTS = {"retried_429": 0, "tasks_created": 0, "tasks_completed": 0, "tasks_lost": 0, "sessions_opened": 0,
           "stream_drops": 0, "slow_reopened": 0, "good_requests": 0, "good_errors": 0,
           "churn_errors": 0}
 LATENCIES = []  # the well-behaved client's tasks/get, ms, this window
@@ -67,9 +67,17 @@ class Mcp:
         return h
 
     def post(self, body):
-        self.conn.request("POST", "/mcp", json.dumps(body), self.headers())
-        r = self.conn.getresponse()
-        data = r.read().decode()
+        """POST; a 429 is waited out as its Retry-After says, as a polite
+        client does (every local client shares 127.0.0.1, and the slow
+        clients here spend that address's initialize budget)."""
+        for _ in range(50):
+            self.conn.request("POST", "/mcp", json.dumps(body), self.headers())
+            r = self.conn.getresponse()
+            data = r.read().decode()
+            if r.status != 429 or STOP.is_set():
+                return r.status, r.getheader("mcp-session-id"), data
+            bump("retried_429")
+            time.sleep(min(float(r.getheader("retry-after") or 1), 5))
         return r.status, r.getheader("mcp-session-id"), data
 
     def request(self, method, params=None):
