@@ -77,6 +77,9 @@ class Mcp:
             if r.status != 429 or STOP.is_set():
                 return r.status, r.getheader("mcp-session-id"), data
             bump("retried_429")
+            # The broker answered before reading the body, so it closes
+            # this connection: retry on a new one.
+            self.conn.close()
             time.sleep(min(float(r.getheader("retry-after") or 1), 5))
         return r.status, r.getheader("mcp-session-id"), data
 
