@@ -13,6 +13,8 @@ use crate::tools::LogLevel;
 
 /// How often (ms) a session's last_seen_at is written.
 const TOUCH_EVERY_MS: i64 = 60_000;
+/// Cached sessions before the first pruning of idle ones.
+const PRUNE_FIRST: usize = 1024;
 
 /// A live session.
 #[derive(Debug)]
@@ -83,6 +85,10 @@ pub struct Sessions {
     store: Store,
     /// Unused this long, a session expires (unless it owns open tasks).
     idle_ms: i64,
+    /// The cache is pruned of sessions unused for `idle_ms` when it reaches
+    /// this size (then twice what is left, at least [`PRUNE_FIRST`]), so
+    /// sessions that clients never use again do not stay in memory.
+    prune_at: std::sync::atomic::AtomicUsize,
     cache: RwLock<HashMap<String, Arc<Session>>>,
 }
 
@@ -92,6 +98,7 @@ impl Sessions {
         Self {
             store,
             idle_ms: i64::try_from(idle.as_millis()).unwrap_or(i64::MAX),
+            prune_at: std::sync::atomic::AtomicUsize::new(PRUNE_FIRST),
             cache: RwLock::new(HashMap::new()),
         }
     }
@@ -125,8 +132,22 @@ impl Sessions {
             now,
             principal.map(str::to_owned),
         ));
-        self.write_cache().insert(id, session.clone());
+        self.remember(id, session.clone());
         Ok(session)
+    }
+
+    /// Cache `session`; prune sessions unused for the idle time once the
+    /// cache has grown (a pruned session is read again from the database,
+    /// and expires there, at its next use).
+    fn remember(&self, id: String, session: Arc<Session>) {
+        let mut cache = self.write_cache();
+        cache.insert(id, session);
+        if cache.len() >= self.prune_at.load(Ordering::Relaxed) {
+            let now = now_ms();
+            cache.retain(|_, s| now - s.last_touch.load(Ordering::Relaxed) <= self.idle_ms);
+            self.prune_at
+                .store((cache.len() * 2).max(PRUNE_FIRST), Ordering::Relaxed);
+        }
     }
 
     /// A live session by id; None when unknown, ended or expired (-> 404).
@@ -152,7 +173,7 @@ impl Sessions {
                     row.last_seen_at,
                     row.principal,
                 ));
-                self.write_cache().insert(row.session_id, session.clone());
+                self.remember(row.session_id, session.clone());
                 session
             }
         };
