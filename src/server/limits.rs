@@ -95,6 +95,9 @@ impl RequestLimits {
     }
 }
 
+/// Buckets kept before the first pruning of full ones.
+const PRUNE_FIRST: usize = 4096;
+
 /// Token buckets, one per key.
 #[derive(Debug)]
 pub struct RateLimiter {
@@ -104,6 +107,11 @@ pub struct RateLimiter {
     burst: f64,
     /// Tokens left and when last refilled, per key.
     buckets: Mutex<HashMap<String, (f64, Instant)>>,
+    /// Full buckets (their key unused for a while) are forgotten when the
+    /// map reaches this size, which then becomes twice what is left (at
+    /// least [`PRUNE_FIRST`]): one bucket per session would otherwise stay
+    /// for every session ever opened.
+    prune_at: std::sync::atomic::AtomicUsize,
 }
 
 impl RateLimiter {
@@ -114,6 +122,7 @@ impl RateLimiter {
             rate,
             burst: burst.max(1.0),
             buckets: Mutex::new(HashMap::new()),
+            prune_at: std::sync::atomic::AtomicUsize::new(PRUNE_FIRST),
         }
     }
 
@@ -124,13 +133,17 @@ impl RateLimiter {
         }
         let now = Instant::now();
         let mut buckets = self.buckets.lock().unwrap_or_else(|p| p.into_inner());
-        if buckets.len() > 100_000 {
-            // Forget full buckets rather than grow without bound.
+        if buckets.len() >= self.prune_at.load(std::sync::atomic::Ordering::Relaxed) {
+            // A full bucket is the same as none.
             let burst = self.burst;
             let rate = self.rate;
             buckets.retain(|_, (tokens, at)| {
                 *tokens + now.duration_since(*at).as_secs_f64() * rate < burst
             });
+            self.prune_at.store(
+                (buckets.len() * 2).max(PRUNE_FIRST),
+                std::sync::atomic::Ordering::Relaxed,
+            );
         }
         let (tokens, at) = buckets.entry(key.to_owned()).or_insert((self.burst, now));
         *tokens = (*tokens + now.duration_since(*at).as_secs_f64() * self.rate).min(self.burst);
