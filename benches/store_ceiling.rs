@@ -20,7 +20,9 @@ use std::time::Instant;
 
 use rusqlite::{Connection, TransactionBehavior, params};
 use serde_json::{Value, json};
-use taskbroker::store::{Durability, Store, TaskOutcome, ToolQuota, WriteOp};
+use taskbroker::store::{
+    self, Durability, ResultKind, TaskOutcome, TaskStatus, ToolQuota, Write, Written,
+};
 
 const LEASE_MS: i64 = 30_000;
 const T0: i64 = 1_700_000_000_000;
@@ -90,10 +92,10 @@ const COMPLETE_TASKS_GROUPED: &str =
 
 fn outcome() -> TaskOutcome {
     TaskOutcome {
-        status: "completed",
+        status: TaskStatus::Completed,
         status_message: None,
         result: r#"{"content":[{"type":"text","text":"done"}]}"#.to_owned(),
-        result_kind: "result",
+        result_kind: ResultKind::Result,
     }
 }
 
@@ -113,7 +115,7 @@ fn raw_connection(path: &Path, durability: Durability) -> Connection {
 /// A fresh database with the broker's schema and `jobs` queued tasks.
 async fn fresh(dir: &Path, name: &str, jobs: usize, durability: Durability) -> std::path::PathBuf {
     let path = dir.join(format!("{name}.db"));
-    let store = Store::open(&path, durability).await.unwrap();
+    let store = store::open(&path, durability).await.unwrap();
     store.close().await;
     let mut conn = raw_connection(&path, durability);
     let tx = conn.transaction().unwrap();
@@ -177,10 +179,10 @@ fn raw_loop(path: &Path, durability: Durability, batch: usize) -> usize {
             for seq in &claimed {
                 assert_eq!(job.execute(params![now, seq, token]).unwrap(), 1);
                 task.execute(params![
-                    out.status,
+                    out.status.as_str(),
                     out.status_message,
                     out.result,
-                    out.result_kind,
+                    out.result_kind.as_str(),
                     now,
                     seq
                 ])
@@ -201,8 +203,8 @@ fn raw_loop(path: &Path, durability: Durability, batch: usize) -> usize {
             let outcomes: Vec<Value> = fenced
                 .iter()
                 .map(|seq| {
-                    json!({"seq": seq, "status": out.status, "message": out.status_message,
-                           "result": out.result, "kind": out.result_kind})
+                    json!({"seq": seq, "status": out.status.as_str(), "message": out.status_message,
+                           "result": out.result, "kind": out.result_kind.as_str()})
                 })
                 .collect();
             let mut tasks = tx.prepare_cached(COMPLETE_TASKS_GROUPED).unwrap();
@@ -221,7 +223,7 @@ fn raw_loop(path: &Path, durability: Durability, batch: usize) -> usize {
 
 /// Through the store layer, as the worker pool and the writer use it.
 async fn store_loop(path: &Path, durability: Durability, batch: usize) -> usize {
-    let store = Store::open_existing(path, durability).await.unwrap();
+    let store = store::open_existing(path, durability).await.unwrap();
     let mut done = 0;
     let mut round = 0u64;
     loop {
@@ -257,22 +259,17 @@ async fn store_loop(path: &Path, durability: Durability, batch: usize) -> usize 
                 );
             }
         } else {
-            let mut ops = Vec::new();
-            let mut replies = Vec::new();
-            for job in &claimed {
-                let (reply, rx) = tokio::sync::oneshot::channel();
-                ops.push(WriteOp::Complete {
+            let ops: Vec<Write> = claimed
+                .iter()
+                .map(|job| Write::Complete {
                     task_seq: job.task_seq,
                     task_id: job.task_id.clone(),
                     lease_token: token.clone(),
                     outcome: outcome(),
-                    reply,
-                });
-                replies.push(rx);
-            }
-            store.write_batch(ops, now).await;
-            for rx in replies {
-                assert!(rx.await.unwrap().unwrap());
+                })
+                .collect();
+            for done in store.write_batch(&ops, now).await.unwrap() {
+                assert!(matches!(done, Ok(Written::Completed(true))));
             }
         }
         done += claimed.len();

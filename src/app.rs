@@ -16,7 +16,7 @@ use crate::server::{
     AppState, Audit, ClientRequests, RateLimiter, RequestLimits, ServerConfig, SessionStreams,
     Sessions, StreamCounter, Streams, spawn_status_notifier,
 };
-use crate::store::{Durability, Store};
+use crate::store::{self, Durability, Store, WorkerKind};
 use crate::tools::{Registry, Tool};
 use crate::worker::{WorkerConfig, WorkerPool};
 
@@ -135,7 +135,7 @@ impl Core {
         concurrency: usize,
         lease: Duration,
         grace: Duration,
-        kind: &'static str,
+        kind: WorkerKind,
     ) -> WorkerPool {
         WorkerPool::new(
             self.store.clone(),
@@ -166,7 +166,7 @@ pub async fn serve(config: ServeConfig) -> anyhow::Result<()> {
     // The address first: a broker that cannot listen must not have started
     // claiming jobs it would then abandon.
     let listener = bind(config.listen).await?;
-    let store = Store::open(&config.db, config.durability).await?;
+    let store = store::open(&config.db, config.durability).await?;
     let core = Core::start(
         store.clone(),
         config.tools.clone(),
@@ -179,7 +179,12 @@ pub async fn serve(config: ServeConfig) -> anyhow::Result<()> {
     // finish or release their jobs.
     let stopping = CancellationToken::new();
     let pool = (config.workers > 0).then(|| {
-        let pool = core.pool(config.workers, config.lease, config.grace, "embedded");
+        let pool = core.pool(
+            config.workers,
+            config.lease,
+            config.grace,
+            WorkerKind::Embedded,
+        );
         tokio::spawn(pool.run(stopping.clone()))
     });
 
@@ -203,7 +208,10 @@ pub async fn serve(config: ServeConfig) -> anyhow::Result<()> {
         token_presence: Arc::default(),
         session_streams,
         broker: core.broker.clone(),
-        sessions: Arc::new(Sessions::new(store.clone(), config.server.session_idle)),
+        sessions: Arc::new(Sessions::new(
+            core.broker.sessions(),
+            config.server.session_idle,
+        )),
         streams: Arc::new(Streams::new(
             config.server.retry_ms,
             config.server.keep_alive,
@@ -259,7 +267,7 @@ pub async fn serve(config: ServeConfig) -> anyhow::Result<()> {
 /// Run a worker process until SIGINT/SIGTERM: claims jobs from the
 /// database, runs their tools, records their outcomes. Never migrates.
 pub async fn work(config: WorkConfig) -> anyhow::Result<()> {
-    let store = Store::open_existing(&config.db, config.durability).await?;
+    let store = store::open_existing(&config.db, config.durability).await?;
     let core = Core::start(
         store,
         config.tools.clone(),
@@ -268,7 +276,12 @@ pub async fn work(config: WorkConfig) -> anyhow::Result<()> {
         None,
     )
     .await?;
-    let pool = core.pool(config.concurrency, config.lease, config.grace, "process");
+    let pool = core.pool(
+        config.concurrency,
+        config.lease,
+        config.grace,
+        WorkerKind::Process,
+    );
     tracing::info!(worker = %pool.id(), db = %config.db.display(), concurrency = config.concurrency,
                    lease_s = config.lease.as_secs_f64(), "worker started");
     let stop = CancellationToken::new();
@@ -324,5 +337,5 @@ async fn wait_for_signal() {
 
 /// Apply migrations to `db` and report how many ran.
 pub async fn migrate(db: &std::path::Path) -> anyhow::Result<usize> {
-    Ok(Store::migrate(db).await?)
+    Ok(store::migrate(db).await?)
 }

@@ -550,7 +550,7 @@ async fn run(command: Command) -> anyhow::Result<ExitCode> {
 async fn token(cmd: TokenCommand) -> anyhow::Result<()> {
     use taskbroker::clock::now_ms;
     use taskbroker::mcp::format_time;
-    use taskbroker::store::Store;
+    use taskbroker::store;
     match cmd {
         TokenCommand::Create {
             principal,
@@ -563,7 +563,7 @@ async fn token(cmd: TokenCommand) -> anyhow::Result<()> {
                     && !principal.chars().any(char::is_control),
                 "--principal must be 1-200 printable characters"
             );
-            let store = Store::open(&db, Durability::Full).await?;
+            let store = store::open(&db, Durability::Full).await?;
             let (id, token, hash) = taskbroker::server::auth::mint()
                 .map_err(|e| anyhow::anyhow!("no randomness for a token: {e}"))?;
             let now = now_ms();
@@ -582,7 +582,7 @@ async fn token(cmd: TokenCommand) -> anyhow::Result<()> {
             Ok(())
         }
         TokenCommand::List { db } => {
-            let store = Store::open(&db, Durability::Full).await?;
+            let store = store::open(&db, Durability::Full).await?;
             for t in store.token_list().await? {
                 let state = match (t.revoked_at, t.expires_at) {
                     (Some(at), _) => format!("revoked {}", format_time(at)),
@@ -605,7 +605,7 @@ async fn token(cmd: TokenCommand) -> anyhow::Result<()> {
             Ok(())
         }
         TokenCommand::Revoke { id, db } => {
-            let store = Store::open(&db, Durability::Full).await?;
+            let store = store::open(&db, Durability::Full).await?;
             let revoked = store.token_revoke(&id, now_ms()).await?;
             store.close().await;
             anyhow::ensure!(revoked, "no live token with id {id}");

@@ -444,7 +444,7 @@ async fn issue12_p8_first_start_logs_one_migration_line_and_short_durations() {
     let log = std::fs::read_to_string(&log_path).unwrap();
     let migration_lines: Vec<&str> = log.lines().filter(|l| l.contains("migrat")).collect();
     assert_eq!(migration_lines.len(), 1, "{log}");
-    let versions = std::fs::read_dir(concat!(env!("CARGO_MANIFEST_DIR"), "/migrations"))
+    let versions = std::fs::read_dir(concat!(env!("CARGO_MANIFEST_DIR"), "/migrations/sqlite"))
         .unwrap()
         .count();
     let to = format!("to={versions}");

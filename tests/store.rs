@@ -24,10 +24,11 @@ use std::time::Duration;
 use sqlx::SqlitePool;
 use sqlx::sqlite::{SqliteConnectOptions, SqlitePoolOptions};
 use taskbroker::store::{
-    CancelOutcome, ClaimedJob, Durability, NewJob, NewSession, NewTask, RescueReport, Store,
-    StoreError, TaskOutcome, TaskRow, ToolQuota, WriteOp,
+    self, CancelOutcome, ClaimedJob, Durability, NewJob, NewSession, NewTask, RescueReport,
+    ResultKind, Store, StoreError, TaskOutcome, TaskRow, TaskStatus, ToolQuota, Write, Written,
 };
 use tempfile::TempDir;
+use tokio_util::sync::CancellationToken;
 
 /// A start time far from 0, so "earlier" times are still positive.
 const T0: i64 = 1_000_000;
@@ -57,7 +58,7 @@ impl TestDb {
     async fn new() -> Self {
         let dir = tempfile::tempdir().expect("create temp dir");
         let path = dir.path().join("broker.db");
-        let store = Store::open(&path, Durability::Full)
+        let store = store::open(&path, Durability::Full)
             .await
             .expect("open store");
         Self {
@@ -106,19 +107,19 @@ fn new_task_ttl(task_id: &str, owner: &str, ttl_ms: i64) -> NewTask {
 
 fn completed_outcome() -> TaskOutcome {
     TaskOutcome {
-        status: "completed",
+        status: TaskStatus::Completed,
         status_message: None,
         result: r#"{"content":[{"type":"text","text":"hello"}],"isError":false}"#.to_owned(),
-        result_kind: "result",
+        result_kind: ResultKind::Result,
     }
 }
 
 fn failed_outcome(message: &str) -> TaskOutcome {
     TaskOutcome {
-        status: "failed",
+        status: TaskStatus::Failed,
         status_message: Some(message.to_owned()),
         result: r#"{"code":-32602,"message":"Invalid params"}"#.to_owned(),
-        result_kind: "error",
+        result_kind: ResultKind::Error,
     }
 }
 
@@ -300,9 +301,9 @@ async fn open_creates_wal_database_and_data_survives_reopen() {
     let path = dir.path().join("fresh.db");
     assert!(!path.exists());
 
-    let store = Store::open(&path, Durability::Full).await.unwrap();
+    let store = store::open(&path, Durability::Full).await.unwrap();
     assert!(path.exists(), "open creates the file");
-    assert_eq!(store.path(), path.as_path());
+    assert_eq!(store.describe(), path.display().to_string());
     store
         .task_create(&new_task("t-1", "alice"), Some(JOB), None, T0)
         .await
@@ -318,9 +319,9 @@ async fn open_creates_wal_database_and_data_survives_reopen() {
     raw.close().await;
 
     // Reopen (with the other durability): the task is still there.
-    let store = Store::open(&path, Durability::Normal).await.unwrap();
+    let store = store::open(&path, Durability::Normal).await.unwrap();
     let row = get(&store, "t-1").await;
-    assert_eq!(row.status, "working");
+    assert_eq!(row.status, TaskStatus::Working);
     assert_eq!(row.owner, "alice");
     store.close().await;
 }
@@ -340,8 +341,8 @@ async fn open_two_handles_concurrently_on_a_fresh_file() {
     let dir = tempfile::tempdir().unwrap();
     let path = dir.path().join("race.db");
     let (a, b) = tokio::join!(
-        Store::open(&path, Durability::Full),
-        Store::open(&path, Durability::Full)
+        store::open(&path, Durability::Full),
+        store::open(&path, Durability::Full)
     );
     let a = a.expect("first open");
     let b = b.expect("second open");
@@ -363,7 +364,7 @@ async fn open_two_handles_concurrently_on_a_fresh_file() {
 
 /// How many migration files the repository has.
 fn migration_files() -> usize {
-    std::fs::read_dir(concat!(env!("CARGO_MANIFEST_DIR"), "/migrations"))
+    std::fs::read_dir(concat!(env!("CARGO_MANIFEST_DIR"), "/migrations/sqlite"))
         .unwrap()
         .filter(|e| {
             e.as_ref()
@@ -381,15 +382,15 @@ async fn migrate_applies_once_then_nothing() {
     let path = dir.path().join("migrate.db");
     let files = migration_files();
     assert_eq!(
-        Store::migrate(&path).await.unwrap(),
+        store::migrate(&path).await.unwrap(),
         files,
         "fresh file: every migration"
     );
-    assert_eq!(Store::migrate(&path).await.unwrap(), 0, "second run: none");
+    assert_eq!(store::migrate(&path).await.unwrap(), 0, "second run: none");
 
     // open migrates too, and finds nothing to do.
-    let store = Store::open(&path, Durability::Full).await.unwrap();
-    assert_eq!(Store::migrate(&path).await.unwrap(), 0);
+    let store = store::open(&path, Durability::Full).await.unwrap();
+    assert_eq!(store::migrate(&path).await.unwrap(), 0);
     store
         .task_create(&new_task("t-1", "alice"), None, None, T0)
         .await
@@ -416,7 +417,7 @@ async fn task_create_without_job_starts_working_t9() {
     let row = db.store.task_create(&new, None, None, T0).await.unwrap();
 
     // T-9: a task starts working.
-    assert_eq!(row.status, "working");
+    assert_eq!(row.status, TaskStatus::Working);
     assert_eq!(row.task_id, "t-1");
     assert_eq!(row.owner, "alice");
     assert_eq!(row.tool, "echo");
@@ -465,7 +466,7 @@ async fn task_create_with_job_queues_it() {
         .task_create(&new_task("t-1", "alice"), Some(job_spec), None, T0)
         .await
         .unwrap();
-    assert_eq!(row.status, "working");
+    assert_eq!(row.status, TaskStatus::Working);
     assert_eq!(row.ttl_ms, None);
     assert_eq!(row.expires_at, None);
     assert_eq!(
@@ -496,13 +497,13 @@ async fn task_create_with_outcome_history_shows_working_then_failed_t9() {
         .task_create(&new_task("t-bad", "alice"), None, Some(&outcome), T0)
         .await
         .unwrap();
-    assert_eq!(row.status, "failed");
+    assert_eq!(row.status, TaskStatus::Failed);
     assert_eq!(
         row.status_message.as_deref(),
         Some("arguments do not match the tool's input schema")
     );
     assert_eq!(row.result.as_deref(), Some(outcome.result.as_str()));
-    assert_eq!(row.result_kind.as_deref(), Some("error"));
+    assert_eq!(row.result_kind, Some(ResultKind::Error));
     assert_eq!(row.created_at, T0);
     assert_eq!(row.updated_at, T0);
 
@@ -700,7 +701,11 @@ async fn task_cancel_not_found_for_other_owner_or_unknown_id() {
         .unwrap();
     assert!(matches!(outcome, CancelOutcome::NotFound), "{outcome:?}");
     let row = get(&db.store, "t-1").await;
-    assert_eq!(row.status, "working", "another owner cannot cancel");
+    assert_eq!(
+        row.status,
+        TaskStatus::Working,
+        "another owner cannot cancel"
+    );
     assert_eq!(row.updated_at, T0);
 }
 
@@ -728,11 +733,11 @@ async fn task_cancel_terminal_for_completed_task_t11() {
         .await
         .unwrap();
     match outcome {
-        CancelOutcome::Terminal(status) => assert_eq!(status, "completed"),
+        CancelOutcome::Terminal(status) => assert_eq!(status, TaskStatus::Completed),
         other => panic!("expected Terminal, got {other:?}"),
     }
     let after = get(&db.store, "t-1").await;
-    assert_eq!(after.status, "completed");
+    assert_eq!(after.status, TaskStatus::Completed);
     assert_eq!(after.updated_at, T0 + 2);
     assert_eq!(
         transitions(&raw, "t-1").await,
@@ -763,7 +768,7 @@ async fn task_cancel_finishes_a_queued_job() {
         CancelOutcome::Cancelled(row) => *row,
         other => panic!("expected Cancelled, got {other:?}"),
     };
-    assert_eq!(cancelled.status, "cancelled");
+    assert_eq!(cancelled.status, TaskStatus::Cancelled);
     assert_eq!(
         cancelled.status_message.as_deref(),
         Some("The task was cancelled by request.")
@@ -806,7 +811,7 @@ async fn task_cancel_finishes_a_queued_job() {
         .await
         .unwrap();
     match again {
-        CancelOutcome::Terminal(status) => assert_eq!(status, "cancelled"),
+        CancelOutcome::Terminal(status) => assert_eq!(status, TaskStatus::Cancelled),
         other => panic!("expected Terminal, got {other:?}"),
     }
     assert_eq!(history(&raw, "t-1").await.len(), 2);
@@ -855,7 +860,7 @@ async fn task_cancel_without_job_and_never_moves_updated_at_backwards_t13() {
         CancelOutcome::Cancelled(row) => *row,
         other => panic!("expected Cancelled, got {other:?}"),
     };
-    assert_eq!(row.status, "cancelled");
+    assert_eq!(row.status, TaskStatus::Cancelled);
     assert_eq!(row.updated_at, T0);
 }
 
@@ -879,7 +884,7 @@ async fn task_set_status_message_with_lease_moves_updated_at_t13() {
     let after = get(&db.store, "t-1").await;
     assert_eq!(after.status_message.as_deref(), Some("step 1 of 3"));
     assert_eq!(after.updated_at, T0 + 100, "T-13: lastUpdatedAt moves");
-    assert_eq!(after.status, "working");
+    assert_eq!(after.status, TaskStatus::Working);
 
     // An earlier clock does not move it backwards.
     db.store
@@ -1024,12 +1029,17 @@ async fn task_purge_expired_deletes_task_job_and_history_t33_t34() {
     assert!(next.seq > forever.seq);
 }
 
-// change feed: task_events_since / task_events_head / data_version / dedicated_reader
+// change feed: change_feed (version, next_events, next_progress) / task_events_head
 
 #[tokio::test]
-async fn task_events_since_and_head_follow_every_transition() {
+async fn change_feed_follows_every_transition_from_the_head() {
     let db = TestDb::new().await;
     assert_eq!(db.store.task_events_head().await.unwrap(), 0, "empty feed");
+    let mut feed = db
+        .store
+        .change_feed(CancellationToken::new())
+        .await
+        .unwrap();
 
     let a = db
         .store
@@ -1042,6 +1052,12 @@ async fn task_events_since_and_head_follow_every_transition() {
         .unwrap();
     let head_after_create = db.store.task_events_head().await.unwrap();
     assert_eq!(head_after_create, 2);
+    // A feed opened now starts at the head: it sees only what follows.
+    let mut late = db
+        .store
+        .change_feed(CancellationToken::new())
+        .await
+        .unwrap();
 
     claim_one(&db.store, "w1", "lease-1", T0 + 2).await;
     db.store
@@ -1055,84 +1071,109 @@ async fn task_events_since_and_head_follow_every_transition() {
     // A status message is not a transition.
     assert_eq!(db.store.task_events_head().await.unwrap(), 4);
 
-    let mut conn = db.store.dedicated_reader().await.unwrap();
-    let all = db.store.task_events_since(&mut conn, 0, 100).await.unwrap();
-    let got: Vec<(i64, &str, &str)> = all
+    let first = feed.next_events(3).await.unwrap();
+    let rest = feed.next_events(100).await.unwrap();
+    let got: Vec<(i64, &str, TaskStatus)> = first
         .iter()
-        .map(|e| (e.id, e.task_id.as_str(), e.to_status.as_str()))
+        .chain(&rest)
+        .map(|e| (e.id, e.task_id.as_str(), e.to_status))
         .collect();
     assert_eq!(
         got,
         vec![
-            (1, "t-a", "working"),
-            (2, "t-b", "working"),
-            (3, "t-a", "completed"),
-            (4, "t-b", "cancelled"),
+            (1, "t-a", TaskStatus::Working),
+            (2, "t-b", TaskStatus::Working),
+            (3, "t-a", TaskStatus::Completed),
+            (4, "t-b", TaskStatus::Cancelled),
         ]
     );
+    assert_eq!(first.len(), 3, "the limit holds");
 
-    let tail = db
-        .store
-        .task_events_since(&mut conn, head_after_create, 100)
-        .await
-        .unwrap();
+    let tail = late.next_events(100).await.unwrap();
     assert_eq!(tail.iter().map(|e| e.id).collect::<Vec<_>>(), vec![3, 4]);
-
-    let limited = db.store.task_events_since(&mut conn, 1, 2).await.unwrap();
-    assert_eq!(limited.iter().map(|e| e.id).collect::<Vec<_>>(), vec![2, 3]);
-
-    assert!(
-        db.store
-            .task_events_since(&mut conn, 4, 100)
-            .await
-            .unwrap()
-            .is_empty()
-    );
+    assert!(feed.next_events(100).await.unwrap().is_empty(), "read once");
 }
 
 #[tokio::test]
-async fn data_version_changes_when_another_connection_commits() {
+async fn change_feed_version_moves_when_another_handle_commits() {
     let db = TestDb::new().await;
-    let mut conn = db.store.dedicated_reader().await.unwrap();
-    let v1 = db.store.data_version(&mut conn).await.unwrap();
-    assert_eq!(
-        db.store.data_version(&mut conn).await.unwrap(),
-        v1,
-        "no commit, no change"
-    );
+    let shutdown = CancellationToken::new();
+    let mut feed = db.store.change_feed(shutdown.clone()).await.unwrap();
+    let v1 = feed.version().await.unwrap();
+    assert_eq!(feed.version().await.unwrap(), v1, "no commit, no change");
 
-    // A commit through this store's write connection.
+    // A commit through this store.
     db.store
         .task_create(&new_task("t-1", "alice"), None, None, T0)
         .await
         .unwrap();
-    let v2 = db.store.data_version(&mut conn).await.unwrap();
+    let v2 = feed.version().await.unwrap();
     assert_ne!(v2, v1);
 
-    // A commit from another handle on the file (another process).
-    let other = Store::open(&db.path, Durability::Full).await.unwrap();
+    // A commit from another handle on the database (another process),
+    // announced as a process does after its commits: the feed's remote
+    // signal fires.
+    let other = store::open(&db.path, Durability::Full).await.unwrap();
+    let other_feed = other.change_feed(shutdown.clone()).await.unwrap();
+    let remote = feed.remote();
+    let woken = remote.notified();
     other.session_create(&new_session("s-1"), T0).await.unwrap();
-    let v3 = db.store.data_version(&mut conn).await.unwrap();
+    other.announce_commit();
+    tokio::time::timeout(Duration::from_secs(10), woken)
+        .await
+        .expect("the other handle's commit wakes this feed");
+    let v3 = feed.version().await.unwrap();
     assert_ne!(v3, v2);
 
-    // The feed read through the same connection sees the new row.
-    let events = db.store.task_events_since(&mut conn, 0, 10).await.unwrap();
+    let events = feed.next_events(10).await.unwrap();
     assert_eq!(events.len(), 1);
+    shutdown.cancel();
+    // A feed holds a connection of its own: drop it before closing.
+    drop(other_feed);
     other.close().await;
 }
 
 #[tokio::test]
-async fn dedicated_reader_is_read_only() {
+async fn change_feed_reads_progress_reports_in_order() {
     let db = TestDb::new().await;
-    let mut conn = db.store.dedicated_reader().await.unwrap();
-    let err = sqlx::query(
-        "INSERT INTO sessions (session_id, protocol_version, created_at, last_seen_at)
-         VALUES ('s', 'v', 0, 0)",
-    )
-    .execute(&mut *conn)
-    .await
-    .unwrap_err();
-    assert!(err.to_string().contains("readonly"), "{err}");
+    let mut feed = db
+        .store
+        .change_feed(CancellationToken::new())
+        .await
+        .unwrap();
+    let row = db
+        .store
+        .task_create(&new_task("t-p", "alice"), Some(JOB), None, T0)
+        .await
+        .unwrap();
+    claim_one(&db.store, "w1", "lease-p", T0 + 1).await;
+    for (i, msg) in ["one", "two", "three"].iter().enumerate() {
+        db.store
+            .task_record_progress(row.seq, "lease-p", i as f64 + 1.0, Some(3.0), msg, T0 + 2)
+            .await
+            .unwrap();
+    }
+    let got: Vec<(f64, Option<String>)> = feed
+        .next_progress(10)
+        .await
+        .unwrap()
+        .into_iter()
+        .map(|p| (p.progress, p.message))
+        .collect();
+    assert_eq!(
+        got,
+        vec![
+            (1.0, Some("one".to_owned())),
+            (2.0, Some("two".to_owned())),
+            (3.0, Some("three".to_owned())),
+        ]
+    );
+    assert_lease_lost(
+        db.store
+            .task_record_progress(row.seq, "stranger", 4.0, None, "x", T0 + 3)
+            .await,
+    );
+    assert!(feed.next_progress(10).await.unwrap().is_empty());
 }
 
 // sessions -----------------------------------------------------------------------
@@ -1495,9 +1536,9 @@ async fn job_complete_records_outcome_and_closes_job() {
             .unwrap()
     );
     let after = get(&db.store, "t-1").await;
-    assert_eq!(after.status, "completed");
+    assert_eq!(after.status, TaskStatus::Completed);
     assert_eq!(after.result.as_deref(), Some(outcome.result.as_str()));
-    assert_eq!(after.result_kind.as_deref(), Some("result"));
+    assert_eq!(after.result_kind, Some(ResultKind::Result));
     assert_eq!(after.updated_at, T0 + 500, "T-13");
     let j = job(&raw, row.seq).await.unwrap();
     assert_eq!(j.state, "done");
@@ -1585,7 +1626,7 @@ async fn job_complete_after_cancel_returns_false_and_task_stays_cancelled_t22() 
     assert!(!took);
     let after = get(&db.store, "t-1").await;
     assert_eq!(after, cancelled, "cancelled stays cancelled, no result");
-    assert_eq!(after.status, "cancelled");
+    assert_eq!(after.status, TaskStatus::Cancelled);
     assert_eq!(after.result, None);
 
     // The job itself is closed.
@@ -1636,7 +1677,7 @@ async fn job_complete_by_stale_worker_after_rescue_is_fenced() {
             .job_heartbeat(row.seq, "lease-1", LEASE_MS, run_after + 1)
             .await,
     );
-    assert_eq!(get(&db.store, "t-1").await.status, "working");
+    assert_eq!(get(&db.store, "t-1").await.status, TaskStatus::Working);
 
     assert!(
         db.store
@@ -1644,7 +1685,7 @@ async fn job_complete_by_stale_worker_after_rescue_is_fenced() {
             .await
             .unwrap()
     );
-    assert_eq!(get(&db.store, "t-1").await.status, "completed");
+    assert_eq!(get(&db.store, "t-1").await.status, TaskStatus::Completed);
 }
 
 // job_finish_cancelled --------------------------------------------------------------------
@@ -1767,7 +1808,7 @@ async fn job_rescue_expired_requeues_with_backoff_while_attempts_remain() {
     );
     assert!(j.run_after >= rescue_at + BACKOFF_MS);
     // The task itself is still working, history unchanged.
-    assert_eq!(get(&db.store, "t-1").await.status, "working");
+    assert_eq!(get(&db.store, "t-1").await.status, TaskStatus::Working);
     assert_eq!(history(&raw, "t-1").await.len(), 1);
 
     // Not claimable before run_after; claimable at it, as attempt 2.
@@ -1842,11 +1883,11 @@ async fn job_rescue_expired_fails_task_when_attempts_are_exhausted() {
     );
 
     let task = get(&db.store, "t-1").await;
-    assert_eq!(task.status, "failed");
+    assert_eq!(task.status, TaskStatus::Failed);
     let message = task.status_message.clone().unwrap();
     assert!(message.contains("worker lost"), "{message}");
     assert!(message.contains('2'), "says how many times: {message}");
-    assert_eq!(task.result_kind.as_deref(), Some("error"));
+    assert_eq!(task.result_kind, Some(ResultKind::Error));
     let error: serde_json::Value = serde_json::from_str(task.result.as_deref().unwrap()).unwrap();
     assert_eq!(error["code"], serde_json::json!(-32603));
     assert!(
@@ -2002,12 +2043,15 @@ async fn job_rescue_expired_mixed_batch_counts_each_kind() {
             closed: 2
         }
     );
-    assert_eq!(get(&db.store, "retry").await.status, "working");
-    assert_eq!(get(&db.store, "exhausted").await.status, "failed");
-    assert_eq!(get(&db.store, "cancelled").await.status, "cancelled");
+    assert_eq!(get(&db.store, "retry").await.status, TaskStatus::Working);
+    assert_eq!(get(&db.store, "exhausted").await.status, TaskStatus::Failed);
+    assert_eq!(
+        get(&db.store, "cancelled").await.status,
+        TaskStatus::Cancelled
+    );
     assert_eq!(
         get(&db.store, "cancelled-exhausted").await.status,
-        "cancelled"
+        TaskStatus::Cancelled
     );
 }
 
@@ -2015,8 +2059,8 @@ async fn job_rescue_expired_mixed_batch_counts_each_kind() {
 
 /// Two `Store` handles on one file, as two broker processes would have.
 async fn two_handles(db: &TestDb) -> (Store, Store) {
-    let a = Store::open(&db.path, Durability::Full).await.unwrap();
-    let b = Store::open(&db.path, Durability::Full).await.unwrap();
+    let a = store::open(&db.path, Durability::Full).await.unwrap();
+    let b = store::open(&db.path, Durability::Full).await.unwrap();
     (a, b)
 }
 
@@ -2372,7 +2416,7 @@ async fn raw_sql_completed_to_working_refused_t11() {
     .execute(&raw)
     .await;
     assert_refused_any(r, &[T11_TERMINAL, T11_TRANSITION]);
-    assert_eq!(get(&db.store, "t-1").await.status, "completed");
+    assert_eq!(get(&db.store, "t-1").await.status, TaskStatus::Completed);
 }
 
 #[tokio::test]
@@ -2519,53 +2563,41 @@ async fn raw_sql_unknown_status_value_refused_by_check() {
     .unwrap();
     assert_eq!(triggers, 2);
     let row = get(&db.store, "t-1").await;
-    assert_eq!(row.status, "working");
+    assert_eq!(row.status, TaskStatus::Working);
     assert_eq!(history(&raw, "t-1").await.len(), 1);
 }
 
 // Group commit (write_batch) --------------------------------------------------
 
-/// A creation for `write_batch`, and where its answer arrives.
-fn create_op(
-    new: NewTask,
-    job: Option<NewJob>,
-    outcome: Option<TaskOutcome>,
-) -> (
-    WriteOp,
-    tokio::sync::oneshot::Receiver<Result<TaskRow, StoreError>>,
-) {
-    let (reply, rx) = tokio::sync::oneshot::channel();
-    (
-        WriteOp::Create {
-            new,
-            job,
-            outcome,
-            reply,
-        },
-        rx,
-    )
+/// A creation for `write_batch`.
+fn create_op(new: NewTask, job: Option<NewJob>, outcome: Option<TaskOutcome>) -> Write {
+    Write::Create { new, job, outcome }
 }
 
-/// A completion for `write_batch`, and where its answer arrives.
-fn complete_op(
-    task_seq: i64,
-    token: &str,
-    outcome: TaskOutcome,
-) -> (
-    WriteOp,
-    tokio::sync::oneshot::Receiver<Result<bool, StoreError>>,
-) {
-    let (reply, rx) = tokio::sync::oneshot::channel();
-    (
-        WriteOp::Complete {
-            task_seq,
-            task_id: String::new(),
-            lease_token: token.to_owned(),
-            outcome,
-            reply,
-        },
-        rx,
-    )
+/// A completion for `write_batch`.
+fn complete_op(task_seq: i64, token: &str, outcome: TaskOutcome) -> Write {
+    Write::Complete {
+        task_seq,
+        task_id: String::new(),
+        lease_token: token.to_owned(),
+        outcome,
+    }
+}
+
+/// The row a batch's creation answered.
+fn created(done: Result<Written, StoreError>) -> Result<TaskRow, StoreError> {
+    match done? {
+        Written::Created(row) => Ok(row),
+        other => panic!("expected a created row, got {other:?}"),
+    }
+}
+
+/// What a batch's completion answered.
+fn completed(done: Result<Written, StoreError>) -> Result<bool, StoreError> {
+    match done? {
+        Written::Completed(took) => Ok(took),
+        other => panic!("expected a completion, got {other:?}"),
+    }
 }
 
 /// Grouped path: creations and completions of one batch in one commit; a
@@ -2595,22 +2627,25 @@ async fn write_batch_groups_creations_and_completions() {
         "a NULL column stays None: {claimed:?}"
     );
     let mut ops = Vec::new();
-    let mut created = Vec::new();
     for id in ["n1", "n2", "n3"] {
-        let (op, rx) = create_op(new_task(id, "bob"), Some(JOB), None);
-        ops.push(op);
-        created.push(rx);
+        ops.push(create_op(new_task(id, "bob"), Some(JOB), None));
     }
-    let (op, done_a) = complete_op(a.seq, "lease-1", completed_outcome());
-    ops.push(op);
-    let (op, stale_b) = complete_op(b.seq, "not-the-lease", completed_outcome());
-    ops.push(op);
-    db.store.write_batch(ops, T0 + 10).await;
+    ops.push(complete_op(a.seq, "lease-1", completed_outcome()));
+    ops.push(complete_op(b.seq, "not-the-lease", completed_outcome()));
+    let mut done = db
+        .store
+        .write_batch(&ops, T0 + 10)
+        .await
+        .unwrap()
+        .into_iter();
+    let news: Vec<_> = done.by_ref().take(3).collect();
+    let done_a = done.next().unwrap();
+    let stale_b = done.next().unwrap();
 
-    for (rx, id) in created.into_iter().zip(["n1", "n2", "n3"]) {
-        let row = rx.await.unwrap().unwrap();
+    for (d, id) in news.into_iter().zip(["n1", "n2", "n3"]) {
+        let row = created(d).unwrap();
         assert_eq!(row.task_id, id);
-        assert_eq!(row.status, "working", "T-9");
+        assert_eq!(row.status, TaskStatus::Working, "T-9");
         assert_eq!(row.created_at, T0 + 10);
         assert_eq!(
             row,
@@ -2620,11 +2655,15 @@ async fn write_batch_groups_creations_and_completions() {
         let j = job(&raw, row.seq).await.unwrap();
         assert_eq!(j.state, "queued");
     }
-    assert!(done_a.await.unwrap().unwrap(), "a took its outcome");
-    assert_lease_lost(stale_b.await.unwrap());
-    assert_eq!(get(&db.store, "a").await.status, "completed");
+    assert!(completed(done_a).unwrap(), "a took its outcome");
+    assert_lease_lost(completed(stale_b));
+    assert_eq!(get(&db.store, "a").await.status, TaskStatus::Completed);
     assert_eq!(get(&db.store, "a").await.updated_at, T0 + 10);
-    assert_eq!(get(&db.store, "b").await.status, "working", "fenced out");
+    assert_eq!(
+        get(&db.store, "b").await.status,
+        TaskStatus::Working,
+        "fenced out"
+    );
     assert_eq!(job(&raw, b.seq).await.unwrap().state, "running");
 }
 
@@ -2634,20 +2673,25 @@ async fn write_batch_groups_creations_and_completions() {
 async fn write_batch_failing_write_fails_alone() {
     let db = TestDb::new().await;
     let raw = db.raw().await;
-    let (op1, first) = create_op(new_task("dup", "alice"), Some(JOB), None);
-    let (op2, second) = create_op(new_task("dup", "alice"), Some(JOB), None);
-    let (op3, other) = create_op(new_task("ok", "alice"), Some(JOB), None);
-    let (op4, refused) = create_op(
-        new_task("refused", "alice"),
-        None,
-        Some(failed_outcome("bad arguments")),
-    );
-    db.store.write_batch(vec![op1, op2, op3, op4], T0).await;
-    let first = first.await.unwrap().unwrap();
-    assert!(matches!(second.await.unwrap(), Err(StoreError::Db(_))));
-    let other = other.await.unwrap().unwrap();
-    let refused = refused.await.unwrap().unwrap();
-    assert_eq!(refused.status, "failed");
+    let ops = vec![
+        create_op(new_task("dup", "alice"), Some(JOB), None),
+        create_op(new_task("dup", "alice"), Some(JOB), None),
+        create_op(new_task("ok", "alice"), Some(JOB), None),
+        create_op(
+            new_task("refused", "alice"),
+            None,
+            Some(failed_outcome("bad arguments")),
+        ),
+    ];
+    let mut done = db.store.write_batch(&ops, T0).await.unwrap().into_iter();
+    let first = created(done.next().unwrap()).unwrap();
+    assert!(matches!(
+        created(done.next().unwrap()),
+        Err(StoreError::Db(_))
+    ));
+    let other = created(done.next().unwrap()).unwrap();
+    let refused = created(done.next().unwrap()).unwrap();
+    assert_eq!(refused.status, TaskStatus::Failed);
     assert_eq!(
         transitions(&raw, "refused").await,
         vec![tr(None, "working"), tr(Some("working"), "failed")],
@@ -2674,12 +2718,19 @@ async fn write_batch_same_job_twice_second_is_fenced() {
         .await
         .unwrap();
     claim_one(&db.store, "w1", "lease-1", T0 + 1).await;
-    let (op1, first) = complete_op(row.seq, "lease-1", completed_outcome());
-    let (op2, second) = complete_op(row.seq, "lease-1", failed_outcome("again"));
-    db.store.write_batch(vec![op1, op2], T0 + 5).await;
-    assert!(first.await.unwrap().unwrap());
-    assert_lease_lost(second.await.unwrap());
-    assert_eq!(get(&db.store, "t").await.status, "completed");
+    let ops = vec![
+        complete_op(row.seq, "lease-1", completed_outcome()),
+        complete_op(row.seq, "lease-1", failed_outcome("again")),
+    ];
+    let mut done = db
+        .store
+        .write_batch(&ops, T0 + 5)
+        .await
+        .unwrap()
+        .into_iter();
+    assert!(completed(done.next().unwrap()).unwrap());
+    assert_lease_lost(completed(done.next().unwrap()));
+    assert_eq!(get(&db.store, "t").await.status, TaskStatus::Completed);
 }
 
 /// A job back in the queue (its worker vanished) abandons what the lost
@@ -2708,13 +2759,13 @@ async fn new_attempt_abandons_old_requests_and_resumes_working() {
         .task_message_ask(row.seq, "lease-1", &ask, T0 + 2)
         .await
         .unwrap();
-    assert_eq!(get(&db.store, "t").await.status, "input_required");
+    assert_eq!(get(&db.store, "t").await.status, TaskStatus::InputRequired);
     // The worker vanishes; its lease runs out; another claims the job.
     let rescued_at = T0 + LEASE_MS + 10;
     let report = db.store.job_rescue_expired(0, rescued_at).await.unwrap();
     assert_eq!(report.requeued, 1);
     let task = get(&db.store, "t").await;
-    assert_eq!(task.status, "working");
+    assert_eq!(task.status, TaskStatus::Working);
     assert_eq!(
         task.status_message.as_deref(),
         Some("queued: lease expired on attempt 1")
@@ -2723,7 +2774,7 @@ async fn new_attempt_abandons_old_requests_and_resumes_working() {
     let again = claim_one(&db.store, "w2", "lease-2", T0 + LEASE_MS + 2_000).await;
     assert_eq!(again.attempt, 2);
     let task = get(&db.store, "t").await;
-    assert_eq!(task.status, "working");
+    assert_eq!(task.status, TaskStatus::Working);
     assert_eq!(
         task.status_message, None,
         "the new run has said nothing yet"
@@ -2748,19 +2799,29 @@ async fn new_attempt_abandons_old_requests_and_resumes_working() {
 #[tokio::test]
 async fn write_batch_claim_sees_jobs_created_in_the_same_batch() {
     let db = TestDb::new().await;
-    let (c1, created) = create_op(new_task("c1", "alice"), Some(JOB), None);
-    let (reply, claimed) = tokio::sync::oneshot::channel();
-    let claim = WriteOp::Claim {
+    let c1 = create_op(new_task("c1", "alice"), Some(JOB), None);
+    let claim = Write::Claim {
         worker: "w1".into(),
         lease_token: "lease-1".into(),
         quotas: echo(5),
         limit: 5,
         lease_ms: LEASE_MS,
-        reply,
     };
-    db.store.write_batch(vec![claim, c1], T0).await;
-    let row = created.await.unwrap().unwrap();
-    let jobs = claimed.await.unwrap().unwrap();
+    let mut done = db
+        .store
+        .write_batch(&[claim, c1], T0)
+        .await
+        .unwrap()
+        .into_iter();
+    let jobs = match done.next().unwrap().unwrap() {
+        Written::Claimed(jobs) => jobs,
+        other => panic!("expected claimed jobs, got {other:?}"),
+    };
+    let row = created(done.next().unwrap()).unwrap();
+    assert_eq!(
+        row.status_message, None,
+        "claimed in its own commit: never says queued"
+    );
     assert_eq!(jobs.len(), 1);
     assert_eq!(jobs[0].task_seq, row.seq);
     assert_eq!(jobs[0].task_id, "c1");

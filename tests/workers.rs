@@ -398,7 +398,7 @@ async fn worker_refuses_newer_or_older_schemas() {
     )
     .await
     .unwrap();
-    sqlx::raw_sql(include_str!("../migrations/V1__init.sql"))
+    sqlx::raw_sql(include_str!("../migrations/sqlite/V1__init.sql"))
         .execute(&pool)
         .await
         .unwrap();
@@ -425,7 +425,7 @@ async fn worker_refuses_newer_or_older_schemas() {
             && err.contains(&format!("taskbroker migrate --db {}", old.display())),
         "{err}"
     );
-    let files = std::fs::read_dir(concat!(env!("CARGO_MANIFEST_DIR"), "/migrations"))
+    let files = std::fs::read_dir(concat!(env!("CARGO_MANIFEST_DIR"), "/migrations/sqlite"))
         .unwrap()
         .count();
     assert!(migrate(&old).contains(&format!("{} migration(s) applied", files - 1)));

@@ -2,9 +2,10 @@
 //! `task_events` rows and broadcasts them, so waiters (tasks/result streams,
 //! running jobs) never poll the database each.
 //!
-//! The tailer wakes on a short tick and reads rows only when `PRAGMA
-//! data_version` says another connection committed (any process), or at once
-//! when this process kicks it after a write of its own.
+//! The tailer reads through the storage driver's [`ChangeFeed`]: it wakes
+//! on a short tick, when the driver says another process committed, or at
+//! once when this process kicks it after a write of its own; and it reads
+//! rows only when the feed's version says something committed.
 
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -14,8 +15,7 @@ use std::time::Duration;
 use tokio::sync::{Notify, broadcast, mpsc, watch};
 use tokio_util::sync::CancellationToken;
 
-use super::wake::WakeFile;
-use crate::store::{ProgressEvent, Store, TaskEvent};
+use crate::store::{ChangeFeed, ProgressEvent, Store, StoreError, TaskEvent};
 
 /// One change the feed reports.
 #[derive(Debug, Clone)]
@@ -60,8 +60,8 @@ pub struct Feed {
     watchers: Arc<Mutex<TaskWatchers>>,
     next_watch: Arc<AtomicU64>,
     kick: Arc<Notify>,
-    /// Poked after this process commits; watched for other processes' pokes.
-    wake: Arc<OnceLock<WakeFile>>,
+    /// Told after this process commits, to tell the other processes.
+    store: Arc<OnceLock<Store>>,
     /// Counts the commits the tailer saw (any process): a job may be
     /// waiting for a worker (a new task, or one released or rescued).
     commits: watch::Sender<u64>,
@@ -76,7 +76,7 @@ impl Feed {
             watchers: Arc::default(),
             next_watch: Arc::default(),
             kick: Arc::new(Notify::new()),
-            wake: Arc::new(OnceLock::new()),
+            store: Arc::new(OnceLock::new()),
             commits: watch::Sender::new(0),
         }
     }
@@ -129,8 +129,8 @@ impl Feed {
     /// processes on the database through the wake file.
     pub fn kick(&self) {
         self.kick.notify_one();
-        if let Some(wake) = self.wake.get() {
-            wake.poke();
+        if let Some(store) = self.store.get() {
+            store.announce_commit();
         }
     }
 
@@ -146,25 +146,11 @@ impl Feed {
         store: Store,
         tick: Duration,
         shutdown: CancellationToken,
-    ) -> Result<tokio::task::JoinHandle<()>, crate::store::StoreError> {
-        let mut conn = store.dedicated_reader().await?;
-        // Other processes' commits: at once through the wake file where it
-        // can be watched, else at the next tick.
-        let remote = Arc::new(Notify::new());
-        match WakeFile::open(store.path()) {
-            Ok(wake) => {
-                if let Err(e) = wake.watch(remote.clone(), shutdown.clone()) {
-                    tracing::info!(error = %e, "no wake file watch: other processes' commits are seen at the feed tick");
-                }
-                let _ = self.wake.set(wake);
-            }
-            Err(e) => {
-                tracing::warn!(error = %e, "no wake file: other processes' commits are seen at the feed tick");
-            }
-        }
-        let mut last_id = store.task_events_head().await?;
-        let mut last_progress = store.task_progress_head().await?;
-        let mut version = store.data_version(&mut conn).await?;
+    ) -> Result<tokio::task::JoinHandle<()>, StoreError> {
+        let mut changes: Box<dyn ChangeFeed> = store.change_feed(shutdown.clone()).await?;
+        let remote = changes.remote();
+        let mut version = changes.version().await?;
+        let _ = self.store.set(store);
         let feed = self.clone();
         Ok(tokio::spawn(async move {
             let mut idle: u32 = 0;
@@ -179,7 +165,7 @@ impl Feed {
                     _ = remote.notified() => false,
                     _ = tokio::time::sleep(wait) => false,
                 };
-                match store.data_version(&mut conn).await {
+                match changes.version().await {
                     Ok(v) if v == version && !kicked && !behind => {
                         // Nothing new: look less often, up to 5x the tick.
                         idle = (idle + 1).min(IDLE_STEPS);
@@ -193,7 +179,7 @@ impl Feed {
                         idle = 0;
                     }
                     Err(e) => {
-                        tracing::warn!(error = %e, "change feed: data_version failed");
+                        tracing::warn!(error = %e, "change feed: version read failed");
                         continue;
                     }
                 }
@@ -201,14 +187,10 @@ impl Feed {
                 // Progress first: what a task reported before it ended is
                 // delivered before its end.
                 loop {
-                    match store
-                        .task_progress_since(&mut conn, last_progress, BATCH)
-                        .await
-                    {
+                    match changes.next_progress(BATCH).await {
                         Ok(rows) => {
                             let n = rows.len();
                             for row in rows {
-                                last_progress = row.id;
                                 feed.publish(FeedEvent::Progress(row));
                             }
                             if (n as i64) < BATCH {
@@ -223,11 +205,10 @@ impl Feed {
                     }
                 }
                 loop {
-                    match store.task_events_since(&mut conn, last_id, BATCH).await {
+                    match changes.next_events(BATCH).await {
                         Ok(rows) => {
                             let n = rows.len();
                             for row in rows {
-                                last_id = row.id;
                                 feed.publish(FeedEvent::Status(row));
                             }
                             if (n as i64) < BATCH {

@@ -6,9 +6,9 @@ pub mod cursor;
 mod feed;
 pub mod maintenance;
 mod open_tasks;
+pub mod records;
 pub mod slots;
-mod status;
-mod wake;
+
 mod writer;
 
 use std::collections::HashSet;
@@ -22,14 +22,14 @@ use crate::clock::now_ms;
 use crate::defaults;
 use crate::mcp::{ErrorCode, RpcError};
 use crate::store::{
-    AnswerOutcome, CancelOutcome, NewJob, NewTask, ProgressEvent, Store, StoreError, TaskEvent,
-    TaskMessage, TaskOutcome, TaskRow,
+    AnswerOutcome, CancelOutcome, NewJob, NewTask, ProgressEvent, ResultKind, Store, StoreError,
+    TaskEvent, TaskMessage, TaskOutcome, TaskRow,
 };
 use crate::tools::{Registry, TaskSupport, Tool, ToolOutcome};
 use open_tasks::OpenTasks;
 
+pub use crate::store::TaskStatus;
 pub use feed::{Feed, FeedEvent, TaskWatch};
-pub use status::TaskStatus;
 pub use writer::{HandedOff, Handoff, Writer};
 
 /// Limits and defaults of task handling.
@@ -221,8 +221,7 @@ impl PendingResult {
 fn task_from_row(row: &TaskRow) -> Task {
     Task {
         task_id: row.task_id.clone(),
-        // The CHECK constraint admits only the five statuses.
-        status: row.status.parse().unwrap_or(TaskStatus::Failed),
+        status: row.status,
         status_message: row.status_message.clone(),
         created_at: row.created_at,
         updated_at: row.updated_at,
@@ -240,7 +239,7 @@ fn task_from_row(row: &TaskRow) -> Task {
 pub fn task_at_event(event: &TaskEvent) -> Task {
     Task {
         task_id: event.task_id.clone(),
-        status: event.to_status.parse().unwrap_or(TaskStatus::Failed),
+        status: event.to_status,
         status_message: event.message.clone(),
         created_at: event.created_at,
         updated_at: event.at,
@@ -265,20 +264,24 @@ pub fn outcome_to_record(outcome: &ToolOutcome) -> TaskOutcome {
                 format!("Tool execution failed: {}", truncate(text, 500))
             });
             TaskOutcome {
-                status: if is_error { "failed" } else { "completed" },
+                status: if is_error {
+                    TaskStatus::Failed
+                } else {
+                    TaskStatus::Completed
+                },
                 status_message,
                 result: result.to_string(),
-                result_kind: "result",
+                result_kind: ResultKind::Result,
             }
         }
         ToolOutcome::Error(error) => TaskOutcome {
-            status: "failed",
+            status: TaskStatus::Failed,
             status_message: Some(format!(
                 "Tool execution failed: {}",
                 truncate(&error.message, 500)
             )),
             result: error.to_json().to_string(),
-            result_kind: "error",
+            result_kind: ResultKind::Error,
         },
     }
 }
@@ -314,8 +317,25 @@ impl Broker {
     }
 
     /// The store underneath.
-    pub fn store(&self) -> &Store {
+    pub(in crate::broker) fn store(&self) -> &Store {
         &self.store
+    }
+    /// The sessions, for the 2025-11-25 front end.
+    pub fn sessions(&self) -> records::SessionRecords {
+        records::SessionRecords::new(self.store.clone())
+    }
+    /// The bearer tokens, for authentication and `taskbroker token`.
+    pub fn tokens(&self) -> records::TokenRecords {
+        records::TokenRecords::new(self.store.clone())
+    }
+    /// The newest position of the status-change feed (a GET stream that
+    /// resumes nothing starts there).
+    pub async fn status_feed_head(&self) -> Result<i64, BrokerError> {
+        Ok(self.store.task_events_head().await?)
+    }
+    /// Sessions neither ended nor idle longer than `idle_ms`.
+    pub async fn live_sessions(&self, idle_ms: i64) -> Result<i64, BrokerError> {
+        Ok(self.store.session_count_live(idle_ms, now_ms()).await?)
     }
     /// The tool registry.
     pub fn tools(&self) -> &Arc<Registry> {
@@ -633,16 +653,14 @@ impl Broker {
                 tracing::info!(task_id, "task cancelled");
                 Ok(task_from_row(&row))
             }
-            CancelOutcome::Terminal(status) => Err(BrokerError::Terminal(
-                status.parse().unwrap_or(TaskStatus::Completed),
-            )),
+            CancelOutcome::Terminal(status) => Err(BrokerError::Terminal(status)),
             CancelOutcome::NotFound => Err(BrokerError::NotFound),
         }
     }
 }
 
 fn result_of(row: &TaskRow) -> TaskResult {
-    let status: TaskStatus = row.status.parse().unwrap_or(TaskStatus::Failed);
+    let status = row.status;
     if !status.is_terminal() {
         return TaskResult::Pending;
     }
@@ -653,9 +671,9 @@ fn result_of(row: &TaskRow) -> TaskResult {
         .result
         .as_deref()
         .and_then(|r| serde_json::from_str::<Value>(r).ok());
-    match (row.result_kind.as_deref(), parsed) {
-        (Some("result"), Some(value)) => TaskResult::Result(value),
-        (Some("error"), Some(value)) => TaskResult::Error(value),
+    match (row.result_kind, parsed) {
+        (Some(ResultKind::Result), Some(value)) => TaskResult::Result(value),
+        (Some(ResultKind::Error), Some(value)) => TaskResult::Error(value),
         // A terminal task without a stored outcome: say so plainly.
         _ => TaskResult::Error(
             RpcError::new(

@@ -18,7 +18,7 @@ use super::Feed;
 use super::slots::{Reservation, Slot, Slots};
 use crate::clock::now_ms;
 use crate::store::{
-    ClaimedJob, NewJob, NewTask, Store, StoreError, TaskOutcome, TaskRow, ToolQuota, WriteOp,
+    ClaimedJob, NewJob, NewTask, Store, StoreError, TaskOutcome, TaskRow, ToolQuota, Write, Written,
 };
 
 /// Most writes in one transaction.
@@ -41,10 +41,52 @@ pub struct Handoff {
     pub jobs: mpsc::UnboundedSender<HandedOff>,
 }
 
+/// Where the outcome of one queued write goes, once committed.
+#[derive(Debug)]
+enum Reply {
+    Create(oneshot::Sender<Result<TaskRow, StoreError>>),
+    Complete(oneshot::Sender<Result<bool, StoreError>>),
+    Claim(oneshot::Sender<Result<Vec<ClaimedJob>, StoreError>>),
+}
+
+impl Reply {
+    /// Answer with what the write came to.
+    fn send(self, done: Result<Written, StoreError>) {
+        let mismatch = || StoreError::Batch("mismatched reply".into());
+        match self {
+            Reply::Create(tx) => {
+                let _ = tx.send(done.and_then(|w| match w {
+                    Written::Created(row) => Ok(row),
+                    _ => Err(mismatch()),
+                }));
+            }
+            Reply::Complete(tx) => {
+                let _ = tx.send(done.and_then(|w| match w {
+                    Written::Completed(took) => Ok(took),
+                    _ => Err(mismatch()),
+                }));
+            }
+            Reply::Claim(tx) => {
+                let _ = tx.send(done.and_then(|w| match w {
+                    Written::Claimed(jobs) => Ok(jobs),
+                    _ => Err(mismatch()),
+                }));
+            }
+        }
+    }
+}
+
+/// A write waiting for the next group commit.
+#[derive(Debug)]
+struct Queued {
+    write: Write,
+    reply: Reply,
+}
+
 /// Handle on the writer task.
 #[derive(Debug, Clone)]
 pub struct Writer {
-    ops: mpsc::Sender<WriteOp>,
+    ops: mpsc::Sender<Queued>,
     handoff: Arc<Mutex<Option<Handoff>>>,
 }
 
@@ -56,7 +98,7 @@ impl Writer {
     /// Start the writer task; it runs until every handle is dropped.
     /// `job_queued` is woken after a commit that queued jobs nobody took.
     pub fn spawn(store: Store, feed: Feed, job_queued: Arc<Notify>) -> Self {
-        let (ops, mut rx) = mpsc::channel::<WriteOp>(4 * MAX_BATCH);
+        let (ops, mut rx) = mpsc::channel::<Queued>(4 * MAX_BATCH);
         let handoff: Arc<Mutex<Option<Handoff>>> = Arc::default();
         let pool = handoff.clone();
         tokio::spawn(async move {
@@ -69,16 +111,17 @@ impl Writer {
                     }
                 }
                 let n = batch.len();
+                let (mut writes, replies): (Vec<Write>, Vec<Reply>) =
+                    batch.into_iter().map(|q| (q.write, q.reply)).unzip();
                 let mut finished = Vec::new();
                 let mut created = HashSet::new();
-                for op in &batch {
-                    match op {
-                        WriteOp::Complete { task_id, .. } => finished.push(task_id.clone()),
-                        WriteOp::Create {
+                for write in &writes {
+                    match write {
+                        Write::Complete { task_id, .. } => finished.push(task_id.clone()),
+                        Write::Create {
                             new,
                             job: Some(_),
                             outcome: None,
-                            ..
                         } => {
                             created.insert(new.task_id.clone());
                         }
@@ -87,18 +130,36 @@ impl Writer {
                 }
                 let queued = created.len();
                 let handed = if queued > 0 {
-                    hand_off(&pool, &mut batch, queued)
+                    hand_off(&pool, &mut writes, queued)
                 } else {
                     None
                 };
                 let now = now_ms();
-                store.write_batch(batch, now).await;
-                tracing::trace!(writes = n, "group commit");
-                let taken = match handed {
-                    Some((answer, permits, token)) => {
-                        deliver(&store, &pool, answer, permits, &token).await
+                let mut done = match store.write_batch(&writes, now).await {
+                    Ok(done) => done,
+                    Err(e) => {
+                        tracing::warn!(error = %e, writes = writes.len(), "group commit failed");
+                        let text = e.to_string();
+                        writes
+                            .iter()
+                            .map(|_| Err(StoreError::Batch(text.clone())))
+                            .collect()
                     }
-                    None => Vec::new(),
+                };
+                // The hand-off claim, if any, is the last write.
+                let claimed = match handed {
+                    Some(_) if done.len() == writes.len() => done.pop(),
+                    _ => None,
+                };
+                for (reply, d) in replies.into_iter().zip(done) {
+                    reply.send(d);
+                }
+                tracing::trace!(writes = n, "group commit");
+                let taken = match (handed, claimed) {
+                    (Some((permits, token)), Some(claimed)) => {
+                        deliver(&store, &pool, claimed, permits, &token).await
+                    }
+                    _ => Vec::new(),
                 };
                 // Wake the pool for what it was not given: this batch's jobs
                 // not handed off (an older due job may have been taken
@@ -136,11 +197,9 @@ impl Writer {
     ) -> Result<TaskRow, StoreError> {
         let (reply, answer) = oneshot::channel();
         self.ops
-            .send(WriteOp::Create {
-                new,
-                job,
-                outcome,
-                reply,
+            .send(Queued {
+                write: Write::Create { new, job, outcome },
+                reply: Reply::Create(reply),
             })
             .await
             .map_err(|_| gone())?;
@@ -157,12 +216,14 @@ impl Writer {
     ) -> Result<bool, StoreError> {
         let (reply, answer) = oneshot::channel();
         self.ops
-            .send(WriteOp::Complete {
-                task_seq,
-                task_id: task_id.to_owned(),
-                lease_token: lease_token.to_owned(),
-                outcome,
-                reply,
+            .send(Queued {
+                write: Write::Complete {
+                    task_seq,
+                    task_id: task_id.to_owned(),
+                    lease_token: lease_token.to_owned(),
+                    outcome,
+                },
+                reply: Reply::Complete(reply),
             })
             .await
             .map_err(|_| gone())?;
@@ -181,13 +242,15 @@ impl Writer {
     ) -> Result<Vec<ClaimedJob>, StoreError> {
         let (reply, answer) = oneshot::channel();
         self.ops
-            .send(WriteOp::Claim {
-                worker: worker.to_owned(),
-                lease_token: lease_token.to_owned(),
-                quotas,
-                limit,
-                lease_ms,
-                reply,
+            .send(Queued {
+                write: Write::Claim {
+                    worker: worker.to_owned(),
+                    lease_token: lease_token.to_owned(),
+                    quotas,
+                    limit,
+                    lease_ms,
+                },
+                reply: Reply::Claim(reply),
             })
             .await
             .map_err(|_| gone())?;
@@ -195,35 +258,28 @@ impl Writer {
     }
 }
 
-/// What a hand-off claim waits for: its answer, the slots it holds, its
-/// lease token.
-type Pending = (
-    oneshot::Receiver<Result<Vec<ClaimedJob>, StoreError>>,
-    Reservation,
-    String,
-);
+/// What a hand-off claim holds: the slots it reserved, its lease token.
+type Pending = (Reservation, String);
 
 /// Append a claim for the pool to `batch` if it has free slots (as many as
 /// the batch queues jobs, at most).
 fn hand_off(
     pool: &Mutex<Option<Handoff>>,
-    batch: &mut Vec<WriteOp>,
+    batch: &mut Vec<Write>,
     queued: usize,
 ) -> Option<Pending> {
     let guard = pool.lock().unwrap_or_else(|p| p.into_inner());
     let handoff = guard.as_ref()?;
     let reserved = handoff.slots.try_reserve(queued)?;
-    let (reply, answer) = oneshot::channel();
     let token = uuid::Uuid::new_v4().to_string();
-    batch.push(WriteOp::Claim {
+    batch.push(Write::Claim {
         worker: handoff.worker_id.clone(),
         lease_token: token.clone(),
         quotas: reserved.quotas().to_vec(),
         limit: i64::try_from(reserved.len()).unwrap_or(i64::MAX),
         lease_ms: handoff.lease_ms,
-        reply,
     });
-    Some((answer, reserved, token))
+    Some((reserved, token))
 }
 
 /// Give the pool what the hand-off claim took, one slot each; unused slots
@@ -233,17 +289,17 @@ fn hand_off(
 async fn deliver(
     store: &Store,
     pool: &Mutex<Option<Handoff>>,
-    answer: oneshot::Receiver<Result<Vec<ClaimedJob>, StoreError>>,
+    claimed: Result<Written, StoreError>,
     mut reserved: Reservation,
     token: &str,
 ) -> Vec<String> {
-    let jobs = match answer.await {
-        Ok(Ok(jobs)) => jobs,
-        Ok(Err(e)) => {
+    let jobs = match claimed {
+        Ok(Written::Claimed(jobs)) => jobs,
+        Ok(_) => return Vec::new(),
+        Err(e) => {
             tracing::warn!(error = %e, "hand-off claim failed");
             return Vec::new();
         }
-        Err(_) => return Vec::new(),
     };
     let mut orphans = Vec::new();
     let mut taken = Vec::new();

@@ -13,8 +13,9 @@ use base64::engine::general_purpose::URL_SAFE_NO_PAD;
 use sha2::{Digest, Sha256};
 use subtle::ConstantTimeEq;
 
+use crate::broker::records::TokenRecords;
 use crate::clock::now_ms;
-use crate::store::{Store, StoreError};
+use crate::store::StoreError;
 
 const PREFIX: &str = "tbk_";
 
@@ -90,7 +91,11 @@ pub struct TokenPresence {
 
 impl TokenPresence {
     /// Whether tokens exist: read afresh if `fresh`, else maybe the last look.
-    pub async fn tokens_exist(&self, store: &Store, fresh: bool) -> Result<bool, StoreError> {
+    pub async fn tokens_exist(
+        &self,
+        store: &TokenRecords,
+        fresh: bool,
+    ) -> Result<bool, StoreError> {
         if !fresh {
             let last = *self.last.lock().unwrap_or_else(|e| e.into_inner());
             if let Some((at, exist)) = last
@@ -110,7 +115,7 @@ impl TokenPresence {
 /// sent; an error when one is needed and missing or not valid.
 pub async fn authenticate(
     presence: &TokenPresence,
-    store: &Store,
+    store: &TokenRecords,
     headers: &HeaderMap,
 ) -> Result<Option<Principal>, AuthError> {
     let presented = headers

@@ -223,7 +223,7 @@ pub fn spawn_status_notifier(
             let FeedEvent::Status(change) = event.as_ref() else {
                 continue;
             };
-            if streams.is_watched(&change.task_id, &change.to_status, change.at)
+            if streams.is_watched(&change.task_id, change.to_status.as_str(), change.at)
                 || !streams.has(&change.owner)
             {
                 continue;

@@ -7,8 +7,9 @@ use std::sync::{Arc, RwLock};
 
 use serde_json::{Map, Value};
 
+use crate::broker::records::SessionRecords;
 use crate::clock::now_ms;
-use crate::store::{NewSession, Store, StoreError};
+use crate::store::{NewSession, StoreError};
 use crate::tools::LogLevel;
 
 /// How often (ms) a session's last_seen_at is written.
@@ -82,7 +83,7 @@ impl Session {
 /// Session table with a read-through cache.
 #[derive(Debug)]
 pub struct Sessions {
-    store: Store,
+    store: SessionRecords,
     /// Unused this long, a session expires (unless it owns open tasks).
     idle_ms: i64,
     /// The cache is pruned of sessions unused for `idle_ms` when it reaches
@@ -94,7 +95,7 @@ pub struct Sessions {
 
 impl Sessions {
     /// Sessions stored in `store`.
-    pub fn new(store: Store, idle: std::time::Duration) -> Self {
+    pub fn new(store: SessionRecords, idle: std::time::Duration) -> Self {
         Self {
             store,
             idle_ms: i64::try_from(idle.as_millis()).unwrap_or(i64::MAX),

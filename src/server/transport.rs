@@ -66,7 +66,7 @@ pub async fn mcp(State(state): State<AppState>, request: Request) -> Response {
     }
     let principal = match auth::authenticate(
         &state.token_presence,
-        state.broker.store(),
+        &state.broker.tokens(),
         &parts.headers,
     )
     .await
@@ -395,7 +395,7 @@ async fn initialize(
     if principal.is_none() {
         match state
             .token_presence
-            .tokens_exist(state.broker.store(), true)
+            .tokens_exist(&state.broker.tokens(), true)
             .await
         {
             Ok(false) => {}
@@ -420,12 +420,7 @@ async fn initialize(
         mcp::LATEST_PROTOCOL_VERSION.to_owned()
     };
     let idle_ms = i64::try_from(state.config.session_idle.as_millis()).unwrap_or(i64::MAX);
-    match state
-        .broker
-        .store()
-        .session_count_live(idle_ms, crate::clock::now_ms())
-        .await
-    {
+    match state.broker.live_sessions(idle_ms).await {
         Ok(n) if n >= state.config.max_sessions => {
             return http_error(
                 StatusCode::SERVICE_UNAVAILABLE,
@@ -667,7 +662,7 @@ async fn get(state: AppState, headers: HeaderMap, principal: Option<&Principal>)
                 return http_error(StatusCode::INTERNAL_SERVER_ERROR, -32603, "Internal error");
             }
         },
-        None => match state.broker.store().task_events_head().await {
+        None => match state.broker.status_feed_head().await {
             Ok(head) => (head, Vec::new()),
             Err(e) => {
                 tracing::error!(error = %e, "reading the feed position failed");

@@ -14,7 +14,9 @@ use crate::broker::slots::{Slot, Slots};
 use crate::broker::{Feed, FeedEvent, HandedOff, Handoff, Writer, outcome_to_record};
 use crate::clock::now_ms;
 use crate::mcp::RpcError;
-use crate::store::{ClaimedJob, NewWorker, Store, StoreError, TaskMessage};
+use crate::store::{
+    ClaimedJob, NewWorker, Store, StoreError, TaskMessage, TaskStatus, WorkerKind, WorkerState,
+};
 use crate::tools::{Registry, ToolContext, ToolEvent, ToolOutcome};
 
 /// How a pool runs.
@@ -31,8 +33,8 @@ pub struct WorkerConfig {
     /// On shutdown, how long running jobs may go on before their leases are
     /// released for another worker.
     pub grace: Duration,
-    /// `embedded` (in `serve`) or `process` (`taskbroker worker`).
-    pub kind: &'static str,
+    /// In `serve`, or a `taskbroker worker` process.
+    pub kind: WorkerKind,
 }
 
 /// A pool of job runners in this process.
@@ -126,7 +128,7 @@ impl WorkerPool {
         // the writer, claimed in the creating transaction, while it has free
         // slots; the rest it claims itself.
         let (handoff_tx, mut handed) = mpsc::unbounded_channel::<HandedOff>();
-        if self.config.kind == "embedded" {
+        if self.config.kind == WorkerKind::Embedded {
             self.writer.hand_off_to(Handoff {
                 worker_id: self.worker_id.clone(),
                 lease_ms: millis(self.config.lease),
@@ -150,7 +152,7 @@ impl WorkerPool {
         let mut commits = self.feed.commits();
         // Whether the last claim found a tool at its limit.
         let mut tool_capped = false;
-        let feed_wakes = self.config.kind != "embedded";
+        let feed_wakes = self.config.kind != WorkerKind::Embedded;
         loop {
             while jobs.try_join_next().is_some() {}
             while let Ok((job, slot)) = handed.try_recv() {
@@ -227,7 +229,7 @@ impl WorkerPool {
         let _ = heartbeat.await;
         if let Err(e) = self
             .store
-            .worker_set_state(&self.worker_id, "stopped", now_ms())
+            .worker_set_state(&self.worker_id, WorkerState::Stopped, now_ms())
             .await
         {
             tracing::warn!(error = %e, "could not mark the worker stopped");
@@ -298,7 +300,7 @@ impl WorkerPool {
                            "stopping: letting running jobs finish");
             let _ = self
                 .store
-                .worker_set_state(&self.worker_id, "stopping", now_ms())
+                .worker_set_state(&self.worker_id, WorkerState::Stopping, now_ms())
                 .await;
             let finished = tokio::time::timeout(self.config.grace, async {
                 while jobs.join_next().await.is_some() {}
@@ -411,11 +413,11 @@ impl WorkerPool {
                     if let FeedEvent::Status(e) = change.as_ref()
                         && e.task_id == job.task_id
                     {
-                        if e.to_status == "cancelled" {
+                        if e.to_status == TaskStatus::Cancelled {
                             cancel.cancel();
                             break None;
                         }
-                        if e.to_status == "working" && !asks.is_empty() {
+                        if e.to_status == TaskStatus::Working && !asks.is_empty() {
                             self.collect_answers(&mut asks, &mut answered).await;
                         }
                     }
@@ -625,7 +627,7 @@ impl WorkerPool {
                 .await
             {
                 Ok(took) => {
-                    tracing::info!(task_id = %job.task_id, status = record.status, recorded = took,
+                    tracing::info!(task_id = %job.task_id, status = %record.status, recorded = took,
                                    elapsed_ms = started.elapsed().as_millis() as u64, "task completed");
                     return;
                 }

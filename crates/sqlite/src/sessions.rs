@@ -1,46 +1,14 @@
 //! SQL for `sessions`.
 
-use super::{Store, StoreError};
+use async_trait::async_trait;
+use taskbroker_storage::*;
 
-/// A stored MCP session.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct SessionRow {
-    /// The Mcp-Session-Id value.
-    pub session_id: String,
-    /// Negotiated protocol version.
-    pub protocol_version: String,
-    /// The client's `clientInfo` (JSON text).
-    pub client_info: String,
-    /// The client's declared capabilities (JSON text).
-    pub client_capabilities: String,
-    /// When initialize made it, ms.
-    pub created_at: i64,
-    /// Last request seen (updated at most once a minute), ms.
-    pub last_seen_at: i64,
-    /// Set by DELETE: the session is over.
-    pub ended_at: Option<i64>,
-    /// The principal that opened it (None without authentication).
-    pub principal: Option<String>,
-}
+use crate::SqliteStore;
 
-/// What initialize stores.
-#[derive(Debug, Clone)]
-pub struct NewSession {
-    /// Random id.
-    pub session_id: String,
-    /// Negotiated protocol version.
-    pub protocol_version: String,
-    /// `clientInfo` as JSON text.
-    pub client_info: String,
-    /// `capabilities` as JSON text.
-    pub client_capabilities: String,
-    /// The authenticated principal, if any.
-    pub principal: Option<String>,
-}
-
-impl Store {
+#[async_trait]
+impl SessionStore for SqliteStore {
     /// Record a new session.
-    pub async fn session_create(&self, new: &NewSession, now: i64) -> Result<(), StoreError> {
+    async fn session_create(&self, new: &NewSession, now: i64) -> Result<(), StoreError> {
         sqlx::query!(
             "INSERT INTO sessions (session_id, protocol_version, client_info, client_capabilities,
                                    created_at, last_seen_at, principal)
@@ -59,7 +27,7 @@ impl Store {
     }
 
     /// A session by id, ended or not.
-    pub async fn session_get(&self, session_id: &str) -> Result<Option<SessionRow>, StoreError> {
+    async fn session_get(&self, session_id: &str) -> Result<Option<SessionRow>, StoreError> {
         let row = sqlx::query_as!(
             SessionRow,
             "SELECT session_id, protocol_version, client_info, client_capabilities,
@@ -74,7 +42,7 @@ impl Store {
 
     /// End a session (DELETE). Returns false when it was unknown or already
     /// ended.
-    pub async fn session_end(&self, session_id: &str, now: i64) -> Result<bool, StoreError> {
+    async fn session_end(&self, session_id: &str, now: i64) -> Result<bool, StoreError> {
         let done = sqlx::query!(
             "UPDATE sessions SET ended_at = ? WHERE session_id = ? AND ended_at IS NULL",
             now,
@@ -86,7 +54,7 @@ impl Store {
     }
 
     /// Note that the session is still in use.
-    pub async fn session_touch(&self, session_id: &str, now: i64) -> Result<(), StoreError> {
+    async fn session_touch(&self, session_id: &str, now: i64) -> Result<(), StoreError> {
         sqlx::query!(
             "UPDATE sessions SET last_seen_at = ? WHERE session_id = ? AND last_seen_at < ?",
             now,
@@ -101,7 +69,7 @@ impl Store {
     /// How many sessions are live: not ended, and used within `idle_ms`
     /// or owning a task whose ttl has not run out. An idle session stops
     /// counting the moment its time is up, before the sweeper ends it.
-    pub async fn session_count_live(&self, idle_ms: i64, now: i64) -> Result<i64, StoreError> {
+    async fn session_count_live(&self, idle_ms: i64, now: i64) -> Result<i64, StoreError> {
         let cutoff = now.saturating_sub(idle_ms);
         let n = sqlx::query_scalar!(
             r#"SELECT count(*) AS "n!: i64" FROM sessions s
@@ -120,7 +88,7 @@ impl Store {
 
     /// Whether a session owns a task whose ttl has not run out (it then
     /// does not expire however long it is idle).
-    pub async fn session_owns_open_tasks(
+    async fn session_owns_open_tasks(
         &self,
         session_id: &str,
         now: i64,
@@ -141,7 +109,7 @@ impl Store {
     /// that own no unexpired task, then delete up to `batch` ended sessions
     /// that own none (their tasks' rows stay until their own ttl). Returns
     /// (ended, deleted).
-    pub async fn session_expire_idle(
+    async fn session_expire_idle(
         &self,
         idle_ms: i64,
         now: i64,

@@ -1,68 +1,17 @@
 //! SQL for `jobs`: claims, leases, fenced completion, rescue of lost leases.
 
-use super::tasks::TaskOutcome;
-use super::{BEGIN_IMMEDIATE, Store, StoreError};
+use async_trait::async_trait;
+use taskbroker_storage::*;
 
-/// A job this worker now holds a lease on.
-#[derive(Debug, Clone)]
-pub struct ClaimedJob {
-    /// The task's row key (also the job's key).
-    pub task_seq: i64,
-    /// The task's id.
-    pub task_id: String,
-    /// Tool to run.
-    pub tool: String,
-    /// Arguments (JSON text).
-    pub arguments: String,
-    /// progressToken (JSON text), if the caller gave one.
-    pub progress_token: Option<String>,
-    /// 1 for the first run.
-    pub attempt: i64,
-    /// Attempts allowed before the task fails.
-    pub max_attempts: i64,
-    /// Lower runs first.
-    pub priority: i64,
-    /// Fences every later write of this run.
-    pub lease_token: String,
-}
+use crate::{BEGIN_IMMEDIATE, SqliteStore};
 
-/// How many jobs of one tool a claim may take.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct ToolQuota {
-    /// The tool.
-    pub tool: String,
-    /// Free slots for it in the claiming pool.
-    pub free: i64,
-    /// Its limit across every process on the database, if it has one:
-    /// the claim takes no more than this minus the tool's running jobs
-    /// (those of tasks waiting for client input do not count).
-    pub global: Option<i64>,
-}
-
-/// What a heartbeat learnt.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct HeartbeatOutcome {
-    /// The task was cancelled: stop the tool.
-    pub cancel_requested: bool,
-}
-
-/// What one rescue pass did.
-#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
-pub struct RescueReport {
-    /// Jobs queued again for another attempt.
-    pub requeued: u64,
-    /// Tasks failed because no attempts remained.
-    pub failed: u64,
-    /// Jobs of cancelled tasks whose worker vanished, closed.
-    pub closed: u64,
-}
-
-impl Store {
+#[async_trait]
+impl JobStore for SqliteStore {
     /// Claim up to `limit` runnable jobs for `worker`, by priority then age,
     /// at most each tool's quota (jobs of tools without one are left), in
     /// one statement (its own transaction). All jobs of one claim share the
     /// fresh `lease_token`.
-    pub async fn job_claim_available(
+    async fn job_claim_available(
         &self,
         worker: &str,
         lease_token: &str,
@@ -77,7 +26,7 @@ impl Store {
 
     /// Extend the lease of a running job. `LeaseLost` when the token no
     /// longer holds it.
-    pub async fn job_heartbeat(
+    async fn job_heartbeat(
         &self,
         task_seq: i64,
         lease_token: &str,
@@ -106,7 +55,7 @@ impl Store {
     /// Finish a job and record the task's outcome in one transaction, fenced
     /// by the lease token. Returns whether the task took the outcome: false
     /// when it was already terminal (cancelled), which stays as it is (T-22).
-    pub async fn job_complete(
+    async fn job_complete(
         &self,
         task_seq: i64,
         lease_token: &str,
@@ -121,7 +70,7 @@ impl Store {
 
     /// Close a job whose task was cancelled while it ran, fenced by the
     /// lease token. The task itself is already cancelled.
-    pub async fn job_finish_cancelled(
+    async fn job_finish_cancelled(
         &self,
         task_seq: i64,
         lease_token: &str,
@@ -146,7 +95,7 @@ impl Store {
     /// Undo a claim whose jobs never started (their pool stopped before it
     /// got them): queued again as before the claim, the attempt not
     /// counted. Fenced by the lease token; returns whether it was undone.
-    pub async fn job_unclaim(
+    async fn job_unclaim(
         &self,
         task_seq: i64,
         lease_token: &str,
@@ -167,7 +116,7 @@ impl Store {
     }
 
     /// Whether any job could be claimed now (a read: no write lock taken).
-    pub async fn job_any_runnable(&self, now: i64) -> Result<bool, StoreError> {
+    async fn job_any_runnable(&self, now: i64) -> Result<bool, StoreError> {
         let found = sqlx::query_scalar!(
             r#"SELECT EXISTS (SELECT 1 FROM jobs WHERE state = 'queued' AND run_after <= ?) AS "found!: bool""#,
             now
@@ -184,7 +133,7 @@ impl Store {
     /// tool's own failures count). A job whose task was cancelled meanwhile
     /// is closed instead. Fenced by the lease token. Returns true when the
     /// job was queued again.
-    pub async fn job_release(
+    async fn job_release(
         &self,
         task_seq: i64,
         lease_token: &str,
@@ -213,7 +162,7 @@ impl Store {
     /// queue it again after `backoff_ms * attempt` (plus jitter) while
     /// attempts remain, else fail its task with a message that says why.
     /// One transaction.
-    pub async fn job_rescue_expired(
+    async fn job_rescue_expired(
         &self,
         backoff_ms: i64,
         now: i64,
@@ -295,10 +244,10 @@ pub(super) async fn complete_in(
         "UPDATE tasks SET status = ?, status_message = ?, result = ?, result_kind = ?,
                 updated_at = MAX(updated_at, ?)
           WHERE seq = ? AND status IN ('working', 'input_required')",
-        outcome.status,
+        outcome.status.as_str(),
         outcome.status_message,
         outcome.result,
-        outcome.result_kind,
+        outcome.result_kind.as_str(),
         now,
         task_seq
     )

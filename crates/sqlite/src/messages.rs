@@ -1,36 +1,16 @@
 //! SQL for `task_messages`: requests a running task sends its client
 //! (input_required), and the answers.
 
-use super::{BEGIN_IMMEDIATE, Store, StoreError};
+use async_trait::async_trait;
+use taskbroker_storage::*;
 
-/// A request of a task to its client.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct TaskMessage {
-    /// The JSON-RPC id sent to the client.
-    pub request_id: String,
-    /// The task.
-    pub task_id: String,
-    /// `elicitation/create` or `sampling/createMessage`.
-    pub method: String,
-    /// Params (JSON text).
-    pub params: String,
-    /// The client's response message (JSON text), once answered.
-    pub response: Option<String>,
-}
+use crate::{BEGIN_IMMEDIATE, SqliteStore};
 
-/// What an answer found.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum AnswerOutcome {
-    /// Stored; the task is back to working if nothing else is pending.
-    Stored,
-    /// No pending request with that id for that owner.
-    Unknown,
-}
-
-impl Store {
+#[async_trait]
+impl MessageStore for SqliteStore {
     /// Ask the client something for a running task: the request is stored
     /// and the task moves to input_required (T-24), fenced by the lease.
-    pub async fn task_message_ask(
+    async fn task_message_ask(
         &self,
         task_seq: i64,
         lease_token: &str,
@@ -72,10 +52,7 @@ impl Store {
     }
 
     /// The unanswered requests of a task, oldest first.
-    pub async fn task_messages_pending(
-        &self,
-        task_id: &str,
-    ) -> Result<Vec<TaskMessage>, StoreError> {
+    async fn task_messages_pending(&self, task_id: &str) -> Result<Vec<TaskMessage>, StoreError> {
         let rows = sqlx::query_as!(
             TaskMessage,
             "SELECT request_id, task_id, method, params, response FROM task_messages
@@ -88,10 +65,7 @@ impl Store {
     }
 
     /// One request by id.
-    pub async fn task_message_get(
-        &self,
-        request_id: &str,
-    ) -> Result<Option<TaskMessage>, StoreError> {
+    async fn task_message_get(&self, request_id: &str) -> Result<Option<TaskMessage>, StoreError> {
         let row = sqlx::query_as!(
             TaskMessage,
             "SELECT request_id, task_id, method, params, response FROM task_messages WHERE request_id = ?",
@@ -105,7 +79,7 @@ impl Store {
     /// Store the client's answer to a request of `owner`'s task; when no
     /// other request of the task is pending, the task goes back to working
     /// (T-27). One transaction.
-    pub async fn task_message_answer(
+    async fn task_message_answer(
         &self,
         request_id: &str,
         owner: &str,
@@ -150,10 +124,7 @@ impl Store {
 
     /// The capabilities (JSON text) the client of a task's owning session
     /// declared; None when the owner is no session.
-    pub async fn task_client_capabilities(
-        &self,
-        task_seq: i64,
-    ) -> Result<Option<String>, StoreError> {
+    async fn task_client_capabilities(&self, task_seq: i64) -> Result<Option<String>, StoreError> {
         let caps = sqlx::query_scalar!(
             "SELECT s.client_capabilities FROM tasks t JOIN sessions s ON s.session_id = t.session_id
               WHERE t.seq = ?",

@@ -1,29 +1,14 @@
 //! SQL for `tokens`: bearer tokens, stored as hashes.
 
-use super::{Store, StoreError};
+use async_trait::async_trait;
+use taskbroker_storage::*;
 
-/// A stored token (never its secret).
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct TokenRow {
-    /// Public id.
-    pub token_id: String,
-    /// Whose it is.
-    pub principal: String,
-    /// SHA-256 of the secret.
-    pub secret_hash: Vec<u8>,
-    /// ms.
-    pub created_at: i64,
-    /// ms; None = never.
-    pub expires_at: Option<i64>,
-    /// ms; set by revoke.
-    pub revoked_at: Option<i64>,
-    /// ms; updated at most once a minute.
-    pub last_used_at: Option<i64>,
-}
+use crate::SqliteStore;
 
-impl Store {
+#[async_trait]
+impl TokenStore for SqliteStore {
     /// Store a new token.
-    pub async fn token_create(
+    async fn token_create(
         &self,
         token_id: &str,
         principal: &str,
@@ -45,7 +30,7 @@ impl Store {
     }
 
     /// One token by id.
-    pub async fn token_get(&self, token_id: &str) -> Result<Option<TokenRow>, StoreError> {
+    async fn token_get(&self, token_id: &str) -> Result<Option<TokenRow>, StoreError> {
         let row = sqlx::query_as!(
             TokenRow,
             "SELECT token_id, principal, secret_hash, created_at, expires_at, revoked_at, last_used_at
@@ -58,7 +43,7 @@ impl Store {
     }
 
     /// Every token, newest first.
-    pub async fn token_list(&self) -> Result<Vec<TokenRow>, StoreError> {
+    async fn token_list(&self) -> Result<Vec<TokenRow>, StoreError> {
         let rows = sqlx::query_as!(
             TokenRow,
             "SELECT token_id, principal, secret_hash, created_at, expires_at, revoked_at, last_used_at
@@ -70,7 +55,7 @@ impl Store {
     }
 
     /// Revoke a token; false when unknown or already revoked.
-    pub async fn token_revoke(&self, token_id: &str, now: i64) -> Result<bool, StoreError> {
+    async fn token_revoke(&self, token_id: &str, now: i64) -> Result<bool, StoreError> {
         let done = sqlx::query!(
             "UPDATE tokens SET revoked_at = ? WHERE token_id = ? AND revoked_at IS NULL",
             now,
@@ -82,7 +67,7 @@ impl Store {
     }
 
     /// Whether any token exists (then every request must carry one).
-    pub async fn tokens_exist(&self) -> Result<bool, StoreError> {
+    async fn tokens_exist(&self) -> Result<bool, StoreError> {
         let any = sqlx::query_scalar!(r#"SELECT EXISTS (SELECT 1 FROM tokens) AS "any!: bool""#)
             .fetch_one(&self.read)
             .await?;
@@ -90,7 +75,7 @@ impl Store {
     }
 
     /// Note a token's use.
-    pub async fn token_touch(&self, token_id: &str, now: i64) -> Result<(), StoreError> {
+    async fn token_touch(&self, token_id: &str, now: i64) -> Result<(), StoreError> {
         sqlx::query!(
             "UPDATE tokens SET last_used_at = ? WHERE token_id = ?",
             now,
@@ -99,16 +84,5 @@ impl Store {
         .execute(&self.write)
         .await?;
         Ok(())
-    }
-
-    /// How many non-terminal tasks `owner` has.
-    pub async fn task_count_open(&self, owner: &str) -> Result<i64, StoreError> {
-        let n = sqlx::query_scalar!(
-            r#"SELECT count(*) AS "n!: i64" FROM tasks WHERE owner = ? AND status IN ('working', 'input_required')"#,
-            owner
-        )
-        .fetch_one(&self.read)
-        .await?;
-        Ok(n)
     }
 }

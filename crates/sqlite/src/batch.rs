@@ -15,147 +15,67 @@ use std::collections::{HashMap, HashSet};
 
 use serde_json::{Value, json};
 use sqlx::SqliteConnection;
-use tokio::sync::oneshot;
+use taskbroker_storage::text::{self, TaskText};
+use taskbroker_storage::{NewJob, NewTask, StoreError, TaskOutcome, TaskRow, Write, Written};
 
-use super::jobs::{claim_in, complete_in};
-use super::tasks::create_in;
-use super::{
-    BEGIN_IMMEDIATE, ClaimedJob, NewJob, NewTask, Store, StoreError, TaskOutcome, TaskRow,
-    ToolQuota,
-};
-
-/// One write of a batch, with where its result goes (after the commit).
-#[derive(Debug)]
-pub enum WriteOp {
-    /// `task_create`.
-    Create {
-        /// The task.
-        new: NewTask,
-        /// Its job.
-        job: Option<NewJob>,
-        /// An immediate outcome (refused arguments).
-        outcome: Option<TaskOutcome>,
-        /// The new row.
-        reply: oneshot::Sender<Result<TaskRow, StoreError>>,
-    },
-    /// `job_complete`.
-    Complete {
-        /// The job.
-        task_seq: i64,
-        /// Its task's id.
-        task_id: String,
-        /// Its lease.
-        lease_token: String,
-        /// What to record.
-        outcome: TaskOutcome,
-        /// Whether the task took the outcome.
-        reply: oneshot::Sender<Result<bool, StoreError>>,
-    },
-    /// `job_claim_available`: claims share the batch's commit (and its
-    /// fsync) and see the jobs created earlier in the same batch.
-    Claim {
-        /// The claiming pool.
-        worker: String,
-        /// The new lease.
-        lease_token: String,
-        /// Jobs at most, per tool.
-        quotas: Vec<ToolQuota>,
-        /// Jobs at most.
-        limit: i64,
-        /// Lease length.
-        lease_ms: i64,
-        /// The claimed jobs.
-        reply: oneshot::Sender<Result<Vec<ClaimedJob>, StoreError>>,
-    },
-}
-
-impl WriteOp {
-    /// Answer with `error`.
-    fn fail(self, error: StoreError) {
-        match self {
-            WriteOp::Create { reply, .. } => {
-                let _ = reply.send(Err(error));
-            }
-            WriteOp::Complete { reply, .. } => {
-                let _ = reply.send(Err(error));
-            }
-            WriteOp::Claim { reply, .. } => {
-                let _ = reply.send(Err(error));
-            }
-        }
-    }
-}
+use crate::jobs::{claim_in, complete_in};
+use crate::tasks::{as_served, create_in};
+use crate::{BEGIN_IMMEDIATE, SqliteStore};
 
 /// What one write came to, before the commit.
-enum Done {
-    Create(Box<Result<TaskRow, StoreError>>),
-    Complete(Result<bool, StoreError>),
-    Claim(Result<Vec<ClaimedJob>, StoreError>),
-}
+type Done = Result<Written, StoreError>;
 
-impl Store {
-    /// Run `ops` in one transaction and answer each once it committed.
-    pub async fn write_batch(&self, ops: Vec<WriteOp>, now: i64) {
-        let done = match self.run_batch(&ops, now, true).await {
-            Ok(done) => Ok(done),
+impl SqliteStore {
+    /// Run `writes` in one transaction: grouped first, one by one if a
+    /// grouped statement failed. Outer error: nothing committed.
+    pub(crate) async fn run_write_batch(
+        &self,
+        writes: &[Write],
+        now: i64,
+    ) -> Result<Vec<Done>, StoreError> {
+        let done = match self.run_batch(writes, now, true).await {
+            Ok(done) => done,
             Err(e) => {
-                tracing::debug!(error = %e, writes = ops.len(), "grouped writes failed; one by one");
-                self.run_batch(&ops, now, false).await
+                tracing::debug!(error = %e, writes = writes.len(), "grouped writes failed; one by one");
+                self.run_batch(writes, now, false).await?
             }
         };
-        match done {
-            Ok(done) => {
-                let claimed: HashSet<i64> = done
-                    .iter()
-                    .filter_map(|d| match d {
-                        Done::Claim(Ok(jobs)) => Some(jobs.iter().map(|j| j.task_seq)),
-                        _ => None,
-                    })
-                    .flatten()
-                    .collect();
-                for (op, d) in ops.into_iter().zip(done) {
-                    match (op, d) {
-                        (WriteOp::Create { reply, job, .. }, Done::Create(r)) => {
-                            let r = r.map(|row| {
-                                let queued = job.is_some() && !claimed.contains(&row.seq);
-                                super::tasks::as_served(row, queued)
-                            });
-                            let _ = reply.send(r);
-                        }
-                        (WriteOp::Complete { reply, .. }, Done::Complete(r)) => {
-                            let _ = reply.send(r);
-                        }
-                        (WriteOp::Claim { reply, .. }, Done::Claim(r)) => {
-                            let _ = reply.send(r);
-                        }
-                        // run_batch answers each op in kind and in order.
-                        (op, _) => op.fail(StoreError::Batch("mismatched reply".into())),
-                    }
+        let claimed: HashSet<i64> = done
+            .iter()
+            .filter_map(|d| match d {
+                Ok(Written::Claimed(jobs)) => Some(jobs.iter().map(|j| j.task_seq)),
+                _ => None,
+            })
+            .flatten()
+            .collect();
+        Ok(writes
+            .iter()
+            .zip(done)
+            .map(|(write, d)| match (write, d) {
+                (Write::Create { job, .. }, Ok(Written::Created(row))) => {
+                    let queued = job.is_some() && !claimed.contains(&row.seq);
+                    Ok(Written::Created(as_served(row, queued)))
                 }
-            }
-            Err(e) => {
-                for op in ops {
-                    op.fail(StoreError::Batch(e.to_string()));
-                }
-            }
-        }
+                (_, d) => d,
+            })
+            .collect())
     }
 
-    /// One transaction over `ops`, grouped or one by one; the outcome of
-    /// each op in order, valid only because the commit succeeded.
+    /// One transaction over `writes`, grouped or one by one; the outcome of
+    /// each in order, valid only because the commit succeeded.
     async fn run_batch(
         &self,
-        ops: &[WriteOp],
+        writes: &[Write],
         now: i64,
         grouped: bool,
     ) -> Result<Vec<Done>, StoreError> {
         let mut tx = self.write.begin_with(BEGIN_IMMEDIATE).await?;
         let done = if grouped {
-            grouped_writes(&mut tx, ops, now).await?
+            grouped_writes(&mut tx, writes, now).await?
         } else {
-            let mut done = Vec::with_capacity(ops.len());
-            for op in ops {
-                done.push(one_write(&mut tx, op, now).await?);
+            let mut done = Vec::with_capacity(writes.len());
+            for write in writes {
+                done.push(one_write(&mut tx, write, now).await?);
             }
             done
         };
@@ -165,29 +85,25 @@ impl Store {
 }
 
 /// One write in a savepoint of its own: rolled back alone when it fails.
-async fn one_write(
-    conn: &mut SqliteConnection,
-    op: &WriteOp,
-    now: i64,
-) -> Result<Done, StoreError> {
+async fn one_write(conn: &mut SqliteConnection, op: &Write, now: i64) -> Result<Done, StoreError> {
     let mut sp = sqlx::Connection::begin(&mut *conn).await?;
     let (ok, done) = match op {
-        WriteOp::Create {
+        Write::Create {
             new, job, outcome, ..
         } => {
             let r = create_in(&mut sp, new, *job, outcome.as_ref(), now).await;
-            (r.is_ok(), Done::Create(Box::new(r)))
+            (r.is_ok(), r.map(Written::Created))
         }
-        WriteOp::Complete {
+        Write::Complete {
             task_seq,
             lease_token,
             outcome,
             ..
         } => {
             let r = complete_in(&mut sp, *task_seq, lease_token, outcome, now).await;
-            (r.is_ok(), Done::Complete(r))
+            (r.is_ok(), r.map(Written::Completed))
         }
-        WriteOp::Claim {
+        Write::Claim {
             worker,
             lease_token,
             quotas,
@@ -196,7 +112,7 @@ async fn one_write(
             ..
         } => {
             let r = claim_in(&mut sp, worker, lease_token, quotas, *limit, *lease_ms, now).await;
-            (r.is_ok(), Done::Claim(r))
+            (r.is_ok(), r.map(Written::Claimed))
         }
     };
     if ok {
@@ -213,7 +129,7 @@ async fn one_write(
 /// Any error means: roll back and go one by one.
 async fn grouped_writes(
     conn: &mut SqliteConnection,
-    ops: &[WriteOp],
+    ops: &[Write],
     now: i64,
 ) -> Result<Vec<Done>, StoreError> {
     let mut new_tasks = Vec::new();
@@ -221,14 +137,14 @@ async fn grouped_writes(
     let mut seqs = HashSet::new();
     for op in ops {
         match op {
-            WriteOp::Create {
+            Write::Create {
                 new,
                 job: Some(job),
                 outcome: None,
                 ..
             } => new_tasks.push((new, *job)),
-            WriteOp::Create { .. } => {}
-            WriteOp::Complete {
+            Write::Create { .. } => {}
+            Write::Complete {
                 task_seq,
                 lease_token,
                 outcome,
@@ -241,7 +157,7 @@ async fn grouped_writes(
                 }
                 completions.push((*task_seq, lease_token.as_str(), outcome));
             }
-            WriteOp::Claim { .. } => {}
+            Write::Claim { .. } => {}
         }
     }
     let mut created = create_many(conn, &new_tasks, now).await?;
@@ -249,39 +165,31 @@ async fn grouped_writes(
     let mut done = Vec::with_capacity(ops.len());
     for op in ops {
         done.push(match op {
-            WriteOp::Create {
+            Write::Create {
                 new,
                 job: Some(_),
                 outcome: None,
                 ..
-            } => {
-                Done::Create(Box::new(created.remove(&new.task_id).ok_or_else(|| {
-                    StoreError::Batch("a grouped insert lost a row".into())
-                })))
-            }
-            WriteOp::Create { .. } => one_write(conn, op, now).await?,
-            WriteOp::Complete { task_seq, .. } => Done::Complete(match took.get(task_seq) {
-                Some(took) => Ok(*took),
+            } => created
+                .remove(&new.task_id)
+                .map(Written::Created)
+                .ok_or_else(|| StoreError::Batch("a grouped insert lost a row".into())),
+            Write::Create { .. } => one_write(conn, op, now).await?,
+            Write::Complete { task_seq, .. } => match took.get(task_seq) {
+                Some(took) => Ok(Written::Completed(*took)),
                 None => Err(StoreError::LeaseLost),
-            }),
+            },
             // After the creations: a claim sees the batch's new jobs.
-            WriteOp::Claim {
+            Write::Claim {
                 worker,
                 lease_token,
                 quotas,
                 limit,
                 lease_ms,
                 ..
-            } => Done::Claim(Ok(claim_in(
-                conn,
-                worker,
-                lease_token,
-                quotas,
-                *limit,
-                *lease_ms,
-                now,
-            )
-            .await?)),
+            } => Ok(Written::Claimed(
+                claim_in(conn, worker, lease_token, quotas, *limit, *lease_ms, now).await?,
+            )),
         });
     }
     Ok(done)
@@ -315,7 +223,7 @@ async fn create_many(
         .collect();
     let tasks = Value::Array(tasks).to_string();
     let rows = sqlx::query_as!(
-        TaskRow,
+        TaskText,
         r#"INSERT INTO tasks (task_id, owner, tool, arguments, status, created_at, updated_at,
                               ttl_ms, expires_at, poll_interval_ms, progress_token, session_id)
            SELECT value ->> 'task_id', value ->> 'owner', value ->> 'tool', value ->> 'arguments',
@@ -333,6 +241,7 @@ async fn create_many(
     )
     .fetch_all(&mut *conn)
     .await?;
+    let rows: Vec<TaskRow> = text::rows(rows)?;
     let job_of: HashMap<&str, NewJob> = items
         .iter()
         .map(|(t, j)| (t.task_id.as_str(), *j))
@@ -406,10 +315,10 @@ async fn complete_many(
         .map(|(seq, _, o)| {
             json!({
                 "seq": seq,
-                "status": o.status,
+                "status": o.status.as_str(),
                 "message": o.status_message,
                 "result": o.result,
-                "kind": o.result_kind,
+                "kind": o.result_kind.as_str(),
             })
         })
         .collect();

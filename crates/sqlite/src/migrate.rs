@@ -12,7 +12,7 @@ use time::format_description::well_known::Rfc3339;
 
 use super::{BEGIN_IMMEDIATE, StoreError};
 
-refinery::embed_migrations!("migrations");
+refinery::embed_migrations!("../../migrations/sqlite");
 
 /// One sqlx connection that refinery drives through its async traits.
 struct SqlxMigrationConn(SqliteConnection);

@@ -1,142 +1,18 @@
 //! SQL for `tasks` and `task_events`.
 
-use super::{BEGIN_IMMEDIATE, Store, StoreError};
+use async_trait::async_trait;
+use taskbroker_storage::text::{self, TaskEventText, TaskText};
+use taskbroker_storage::*;
 
-/// A row of `tasks`, as stored.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct TaskRow {
-    /// Row key: orders tasks/list, encoded in cursors.
-    pub seq: i64,
-    /// The id clients use.
-    pub task_id: String,
-    /// Who may see the task (session or principal).
-    pub owner: String,
-    /// Tool name.
-    pub tool: String,
-    /// Tool arguments (JSON text).
-    pub arguments: String,
-    /// One of the five MCP statuses.
-    pub status: String,
-    /// Human-readable word on the status.
-    pub status_message: Option<String>,
-    /// Creation time, ms since the epoch.
-    pub created_at: i64,
-    /// Last change, ms since the epoch.
-    pub updated_at: i64,
-    /// Actual ttl; `None` = unlimited.
-    pub ttl_ms: Option<i64>,
-    /// `created_at + ttl_ms`.
-    pub expires_at: Option<i64>,
-    /// Suggested polling interval.
-    pub poll_interval_ms: Option<i64>,
-    /// The caller's progressToken (JSON text), kept for the task's life.
-    pub progress_token: Option<String>,
-    /// JSON-RPC result or error object (JSON text) once terminal.
-    pub result: Option<String>,
-    /// `result` or `error`.
-    pub result_kind: Option<String>,
-}
+use crate::{BEGIN_IMMEDIATE, SqliteStore};
 
-/// What a new task row holds.
-#[derive(Debug, Clone)]
-pub struct NewTask {
-    /// Random id (>= 122 bits).
-    pub task_id: String,
-    /// Owner (session or principal).
-    pub owner: String,
-    /// Tool name.
-    pub tool: String,
-    /// Arguments as JSON text.
-    pub arguments: String,
-    /// Actual ttl (already clamped).
-    pub ttl_ms: Option<i64>,
-    /// Suggested polling interval.
-    pub poll_interval_ms: Option<i64>,
-    /// progressToken as JSON text.
-    pub progress_token: Option<String>,
-    /// The session that created it.
-    pub session_id: Option<String>,
-}
-
-/// The job that runs a new task.
-#[derive(Debug, Clone, Copy)]
-pub struct NewJob {
-    /// How many times a lost worker may be replaced before the task fails.
-    pub max_attempts: i64,
-    /// Lower runs first.
-    pub priority: i64,
-}
-
-/// A terminal outcome to record on a task.
-#[derive(Debug, Clone)]
-pub struct TaskOutcome {
-    /// `completed` or `failed`.
-    pub status: &'static str,
-    /// Explanation (failures).
-    pub status_message: Option<String>,
-    /// JSON text of the result or error object.
-    pub result: String,
-    /// `result` or `error`.
-    pub result_kind: &'static str,
-}
-
-/// What `task_cancel` found.
-#[derive(Debug)]
-pub enum CancelOutcome {
-    /// The task is now cancelled.
-    Cancelled(Box<TaskRow>),
-    /// Already terminal: its status.
-    Terminal(String),
-    /// No such task for this owner.
-    NotFound,
-}
-
-/// A progress report of a running task, from the change feed.
-#[derive(Debug, Clone)]
-pub struct ProgressEvent {
-    /// Feed position (in `task_progress`).
-    pub id: i64,
-    /// The task.
-    pub task_id: String,
-    /// Increases with every report.
-    pub progress: f64,
-    /// Known total.
-    pub total: Option<f64>,
-    /// What is happening.
-    pub message: Option<String>,
-}
-
-/// A row of the change feed.
-#[derive(Debug, Clone)]
-pub struct TaskEvent {
-    /// Feed position.
-    pub id: i64,
-    /// The task that changed.
-    pub task_id: String,
-    /// Its status before (`None`: the task was created).
-    pub from_status: Option<String>,
-    /// Its new status.
-    pub to_status: String,
-    /// Who owns the task.
-    pub owner: String,
-    /// The statusMessage that came with the change.
-    pub message: Option<String>,
-    /// When it changed (the task's lastUpdatedAt then), ms.
-    pub at: i64,
-    /// The task's creation time, ms.
-    pub created_at: i64,
-    /// The task's ttl.
-    pub ttl_ms: Option<i64>,
-    /// The task's pollInterval.
-    pub poll_interval_ms: Option<i64>,
-}
-
-impl Store {
+#[async_trait]
+impl TaskStore for SqliteStore {
     /// Insert a task (status working) and, when given, its job, in one
     /// transaction. When `outcome` is given the task is finished in the same
     /// transaction (a call refused before it could run, such as arguments
     /// that fail the tool's schema): history still shows working -> failed.
-    pub async fn task_create(
+    async fn task_create(
         &self,
         new: &NewTask,
         job: Option<NewJob>,
@@ -150,9 +26,9 @@ impl Store {
     }
 
     /// One task by id, whoever owns it (the caller checks ownership).
-    pub async fn task_get(&self, task_id: &str) -> Result<Option<TaskRow>, StoreError> {
+    async fn task_get(&self, task_id: &str) -> Result<Option<TaskRow>, StoreError> {
         let row = sqlx::query_as!(
-            TaskRow,
+            TaskText,
             r#"SELECT seq AS "seq!", task_id, owner, tool, arguments, status, status_message,
                       created_at, updated_at, ttl_ms, expires_at, poll_interval_ms,
                       progress_token, result, result_kind
@@ -161,13 +37,13 @@ impl Store {
         )
         .fetch_optional(&self.read)
         .await?;
-        Ok(row)
+        row.map(TaskRow::try_from).transpose()
     }
 
     /// A page of `owner`'s unexpired tasks, newest first, strictly older than
     /// `before_seq` when given. Keyset pagination: cost does not grow with
     /// the page number.
-    pub async fn task_list_page(
+    async fn task_list_page(
         &self,
         owner: &str,
         before_seq: Option<i64>,
@@ -176,7 +52,7 @@ impl Store {
     ) -> Result<Vec<TaskRow>, StoreError> {
         let before = before_seq.unwrap_or(i64::MAX);
         let rows = sqlx::query_as!(
-            TaskRow,
+            TaskText,
             r#"SELECT seq AS "seq!", task_id, owner, tool, arguments, status, status_message,
                       created_at, updated_at, ttl_ms, expires_at, poll_interval_ms,
                       progress_token, result, result_kind
@@ -191,12 +67,12 @@ impl Store {
         )
         .fetch_all(&self.read)
         .await?;
-        Ok(rows)
+        text::rows(rows)
     }
 
     /// Cancel a non-terminal task of `owner` and ask its job to stop, in one
     /// transaction (T-21: cancelled before the response is sent).
-    pub async fn task_cancel(
+    async fn task_cancel(
         &self,
         task_id: &str,
         owner: &str,
@@ -214,8 +90,12 @@ impl Store {
         let Some(current) = current else {
             return Ok(CancelOutcome::NotFound);
         };
-        if !matches!(current.status.as_str(), "working" | "input_required") {
-            return Ok(CancelOutcome::Terminal(current.status));
+        let status: TaskStatus = current
+            .status
+            .parse()
+            .map_err(|e| StoreError::Decode(format!("tasks.status: {e}")))?;
+        if status.is_terminal() {
+            return Ok(CancelOutcome::Terminal(status));
         }
         let at = now.max(current.updated_at);
         sqlx::query!(
@@ -247,7 +127,7 @@ impl Store {
 
     /// Set the status message of a task that is still running, if the
     /// caller still holds the job's lease.
-    pub async fn task_set_status_message(
+    async fn task_set_status_message(
         &self,
         task_seq: i64,
         lease_token: &str,
@@ -275,7 +155,7 @@ impl Store {
     /// Record progress of a running task (its statusMessage shows it, and
     /// the progress feed carries it to waiting clients), if the caller still
     /// holds the job's lease and the task is not terminal.
-    pub async fn task_record_progress(
+    async fn task_record_progress(
         &self,
         task_seq: i64,
         lease_token: &str,
@@ -316,8 +196,77 @@ impl Store {
         Ok(())
     }
 
+    /// Delete progress rows older than `before` (they were delivered or
+    /// nobody waited).
+    async fn task_progress_prune(&self, before: i64) -> Result<u64, StoreError> {
+        let done = sqlx::query!("DELETE FROM task_progress WHERE at < ?", before)
+            .execute(&self.write)
+            .await?;
+        Ok(done.rows_affected())
+    }
+
+    /// Delete up to `limit` tasks whose ttl has passed (their jobs and
+    /// history go with them, by trigger). Returns how many were deleted.
+    async fn task_purge_expired(&self, now: i64, limit: i64) -> Result<u64, StoreError> {
+        let done = sqlx::query!(
+            "DELETE FROM tasks WHERE seq IN
+               (SELECT seq FROM tasks WHERE expires_at IS NOT NULL AND expires_at <= ? LIMIT ?)",
+            now,
+            limit
+        )
+        .execute(&self.write)
+        .await?;
+        Ok(done.rows_affected())
+    }
+
+    /// The changes of `owner`'s tasks after feed position `after_id`, oldest
+    /// first: what a session's GET stream missed (resumption).
+    async fn task_events_for_owner_since(
+        &self,
+        owner: &str,
+        after_id: i64,
+        limit: i64,
+    ) -> Result<Vec<TaskEvent>, StoreError> {
+        let rows = sqlx::query_as!(
+            TaskEventText,
+            r#"SELECT e.id AS "id!", e.task_id, e.from_status, e.to_status, t.owner, e.message, e.at,
+                      t.created_at, t.ttl_ms, t.poll_interval_ms
+                 FROM task_events e JOIN tasks t ON t.seq = e.task_seq
+                WHERE t.owner = ? AND e.id > ? ORDER BY e.id LIMIT ?"#,
+            owner,
+            after_id,
+            limit
+        )
+        .fetch_all(&self.read)
+        .await?;
+        text::rows(rows)
+    }
+
+    /// The newest change-feed position (0 when empty).
+    async fn task_events_head(&self) -> Result<i64, StoreError> {
+        let head =
+            sqlx::query_scalar!(r#"SELECT COALESCE(MAX(id), 0) AS "head!: i64" FROM task_events"#)
+                .fetch_one(&self.read)
+                .await?;
+        Ok(head)
+    }
+
+    /// How many non-terminal tasks `owner` has.
+    async fn task_count_open(&self, owner: &str) -> Result<i64, StoreError> {
+        let n = sqlx::query_scalar!(
+            r#"SELECT count(*) AS "n!: i64" FROM tasks WHERE owner = ? AND status IN ('working', 'input_required')"#,
+            owner
+        )
+        .fetch_one(&self.read)
+        .await?;
+        Ok(n)
+    }
+}
+
+/// Reads of the change feed (see `feed.rs`), on the feed's own connection.
+impl SqliteStore {
     /// Progress-feed rows after `after_id`, oldest first.
-    pub async fn task_progress_since(
+    pub(crate) async fn task_progress_since(
         &self,
         conn: &mut sqlx::SqliteConnection,
         after_id: i64,
@@ -336,7 +285,7 @@ impl Store {
     }
 
     /// The newest progress-feed position (0 when empty).
-    pub async fn task_progress_head(&self) -> Result<i64, StoreError> {
+    pub(crate) async fn task_progress_head(&self) -> Result<i64, StoreError> {
         let head = sqlx::query_scalar!(
             r#"SELECT COALESCE(MAX(id), 0) AS "head!: i64" FROM task_progress"#
         )
@@ -345,38 +294,15 @@ impl Store {
         Ok(head)
     }
 
-    /// Delete progress rows older than `before` (they were delivered or
-    /// nobody waited).
-    pub async fn task_progress_prune(&self, before: i64) -> Result<u64, StoreError> {
-        let done = sqlx::query!("DELETE FROM task_progress WHERE at < ?", before)
-            .execute(&self.write)
-            .await?;
-        Ok(done.rows_affected())
-    }
-
-    /// Delete up to `limit` tasks whose ttl has passed (their jobs and
-    /// history go with them, by trigger). Returns how many were deleted.
-    pub async fn task_purge_expired(&self, now: i64, limit: i64) -> Result<u64, StoreError> {
-        let done = sqlx::query!(
-            "DELETE FROM tasks WHERE seq IN
-               (SELECT seq FROM tasks WHERE expires_at IS NOT NULL AND expires_at <= ? LIMIT ?)",
-            now,
-            limit
-        )
-        .execute(&self.write)
-        .await?;
-        Ok(done.rows_affected())
-    }
-
     /// Change-feed rows after `after_id`, oldest first.
-    pub async fn task_events_since(
+    pub(crate) async fn task_events_since(
         &self,
         conn: &mut sqlx::SqliteConnection,
         after_id: i64,
         limit: i64,
     ) -> Result<Vec<TaskEvent>, StoreError> {
         let rows = sqlx::query_as!(
-            TaskEvent,
+            TaskEventText,
             r#"SELECT e.id AS "id!", e.task_id, e.from_status, e.to_status, t.owner, e.message, e.at,
                       t.created_at, t.ttl_ms, t.poll_interval_ms
                  FROM task_events e JOIN tasks t ON t.seq = e.task_seq
@@ -386,39 +312,7 @@ impl Store {
         )
         .fetch_all(conn)
         .await?;
-        Ok(rows)
-    }
-
-    /// The changes of `owner`'s tasks after feed position `after_id`, oldest
-    /// first: what a session's GET stream missed (resumption).
-    pub async fn task_events_for_owner_since(
-        &self,
-        owner: &str,
-        after_id: i64,
-        limit: i64,
-    ) -> Result<Vec<TaskEvent>, StoreError> {
-        let rows = sqlx::query_as!(
-            TaskEvent,
-            r#"SELECT e.id AS "id!", e.task_id, e.from_status, e.to_status, t.owner, e.message, e.at,
-                      t.created_at, t.ttl_ms, t.poll_interval_ms
-                 FROM task_events e JOIN tasks t ON t.seq = e.task_seq
-                WHERE t.owner = ? AND e.id > ? ORDER BY e.id LIMIT ?"#,
-            owner,
-            after_id,
-            limit
-        )
-        .fetch_all(&self.read)
-        .await?;
-        Ok(rows)
-    }
-
-    /// The newest change-feed position (0 when empty).
-    pub async fn task_events_head(&self) -> Result<i64, StoreError> {
-        let head =
-            sqlx::query_scalar!(r#"SELECT COALESCE(MAX(id), 0) AS "head!: i64" FROM task_events"#)
-                .fetch_one(&self.read)
-                .await?;
-        Ok(head)
+        text::rows(rows)
     }
 }
 
@@ -466,10 +360,10 @@ pub(super) async fn create_in(
         sqlx::query!(
             "UPDATE tasks SET status = ?, status_message = ?, result = ?, result_kind = ?, updated_at = ?
               WHERE seq = ?",
-            outcome.status,
+            outcome.status.as_str(),
             outcome.status_message,
             outcome.result,
-            outcome.result_kind,
+            outcome.result_kind.as_str(),
             now,
             seq
         )
@@ -484,7 +378,7 @@ pub(super) async fn create_in(
 /// of the same commit took), a working task's statusMessage says so. The
 /// same rule as the view's, for rows returned by the insert itself.
 pub(super) fn as_served(mut row: TaskRow, queued: bool) -> TaskRow {
-    if queued && row.status == "working" {
+    if queued && row.status == TaskStatus::Working {
         row.status_message = Some("queued".to_owned());
     }
     row
@@ -495,7 +389,7 @@ pub(super) async fn task_by_seq(
     seq: i64,
 ) -> Result<TaskRow, StoreError> {
     let row = sqlx::query_as!(
-        TaskRow,
+        TaskText,
         r#"SELECT seq AS "seq!", task_id, owner, tool, arguments, status, status_message,
                   created_at, updated_at, ttl_ms, expires_at, poll_interval_ms,
                   progress_token, result, result_kind
@@ -504,5 +398,5 @@ pub(super) async fn task_by_seq(
     )
     .fetch_one(conn)
     .await?;
-    Ok(row)
+    row.try_into()
 }

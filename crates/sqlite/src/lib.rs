@@ -1,0 +1,230 @@
+//! taskbroker's SQLite driver: every SQL statement for SQLite, and nothing
+//! else.
+//!
+//! One file (WAL) per broker; a single-connection write pool (SQLite has
+//! one writer: queueing in-process is cheaper than busy-waiting) and a
+//! read-only pool beside it. Every write is one autocommit statement or a
+//! `BEGIN IMMEDIATE` transaction: SQLite fails a DEFERRED transaction that
+//! reads then writes at once, without honouring the busy timeout. Other
+//! processes learn of commits through `PRAGMA data_version` and the wake
+//! file (`wake.rs`).
+
+mod batch;
+mod feed;
+mod jobs;
+mod messages;
+mod migrate;
+mod sessions;
+mod tasks;
+mod tokens;
+mod wake;
+mod workers;
+
+use std::path::{Path, PathBuf};
+use std::sync::{Arc, OnceLock};
+use std::time::Duration;
+
+use async_trait::async_trait;
+use sqlx::Connection;
+use sqlx::sqlite::{
+    SqliteConnectOptions, SqliteJournalMode, SqlitePool, SqlitePoolOptions, SqliteSynchronous,
+};
+use taskbroker_storage::{ChangeFeed, Driver, Durability, Storage, StoreError, Write, Written};
+use tokio_util::sync::CancellationToken;
+
+use wake::WakeFile;
+
+/// Statement used to open every write transaction.
+const BEGIN_IMMEDIATE: &str = "BEGIN IMMEDIATE";
+
+fn open_error(path: &Path, reason: impl Into<String>) -> StoreError {
+    StoreError::Open {
+        path: path.display().to_string(),
+        reason: reason.into(),
+    }
+}
+
+/// Refuse, before SQLite sees it, a path that can never be a database
+/// file, with the reason SQLite would only hint at ("unable to open").
+fn check_path(path: &Path) -> Result<(), StoreError> {
+    if path.is_dir() {
+        return Err(open_error(
+            path,
+            format!(
+                "is a directory (name a file in it, e.g. --db {})",
+                path.join("taskbroker.db").display()
+            ),
+        ));
+    }
+    let parent = path
+        .parent()
+        .filter(|p| !p.as_os_str().is_empty())
+        .unwrap_or(Path::new("."));
+    if !parent.is_dir() {
+        return Err(open_error(
+            path,
+            format!(
+                "folder {} does not exist (create it first)",
+                parent.display()
+            ),
+        ));
+    }
+    Ok(())
+}
+
+/// An error from opening or first reading the database file, said plainly.
+fn open_failed(path: &Path, error: &dyn std::fmt::Display) -> StoreError {
+    let text = error.to_string();
+    let reason = if text.contains("file is not a database") {
+        "is not a SQLite database (file is not a database): is --db the right file?".to_owned()
+    } else if text.contains("unable to open database file") {
+        "cannot be opened (unable to open database file): check the path and its permissions"
+            .to_owned()
+    } else if text.contains("readonly database") || text.contains("read-only") {
+        "is read-only: the broker needs to write it (check its permissions and its folder's)"
+            .to_owned()
+    } else {
+        text
+    };
+    open_error(path, reason)
+}
+
+/// Handle on one broker database: a single-connection write pool (SQLite has
+/// one writer; queueing in-process is cheaper than busy-waiting) and a
+/// read-only pool that WAL lets run beside it.
+#[derive(Clone, Debug)]
+pub struct SqliteStore {
+    /// Every write goes through this one connection.
+    write: SqlitePool,
+    /// Reads (tasks/get, tasks/list, the change feed) never wait for writes.
+    read: SqlitePool,
+    /// The database file, for logs and error messages.
+    path: PathBuf,
+    /// `<db>-wake`, poked after each commit of this process (once a change
+    /// feed opened it).
+    wake: Arc<OnceLock<WakeFile>>,
+}
+
+/// How long a connection waits for another process's write lock.
+const BUSY_TIMEOUT: Duration = Duration::from_secs(10);
+
+fn connect_options(path: &Path, durability: Durability) -> SqliteConnectOptions {
+    SqliteConnectOptions::new()
+        .filename(path)
+        .create_if_missing(true)
+        .journal_mode(SqliteJournalMode::Wal)
+        .synchronous(match durability {
+            Durability::Full => SqliteSynchronous::Full,
+            Durability::Normal => SqliteSynchronous::Normal,
+        })
+        .busy_timeout(BUSY_TIMEOUT)
+        .foreign_keys(true)
+}
+
+impl SqliteStore {
+    /// Open (creating if needed) and migrate the database at `path`.
+    pub async fn open(path: &Path, durability: Durability) -> Result<Self, StoreError> {
+        check_path(path)?;
+        let options = connect_options(path, durability);
+        migrate::run(path, &options).await?;
+        Self::connect(path, options).await
+    }
+
+    /// Open an existing database without migrating it (worker processes):
+    /// refused unless its schema is exactly the one this build knows.
+    pub async fn open_existing(path: &Path, durability: Durability) -> Result<Self, StoreError> {
+        check_path(path)?;
+        if !path.exists() {
+            return Err(open_error(
+                path,
+                format!(
+                    "does not exist (create it with 'taskbroker migrate --db {}', or start 'taskbroker serve --db {}' once)",
+                    path.display(),
+                    path.display()
+                ),
+            ));
+        }
+        let options = connect_options(path, durability).create_if_missing(false);
+        let mut conn = sqlx::SqliteConnection::connect_with(&options)
+            .await
+            .map_err(|e| open_failed(path, &e))?;
+        migrate::check(path, &mut conn).await?;
+        conn.close().await?;
+        Self::connect(path, options).await
+    }
+
+    async fn connect(path: &Path, options: SqliteConnectOptions) -> Result<Self, StoreError> {
+        let write = SqlitePoolOptions::new()
+            .max_connections(1)
+            .min_connections(1)
+            .acquire_timeout(Duration::from_secs(60))
+            // A local file needs no ping (a round trip to SQLite's thread)
+            // before each use; both pools skip it.
+            .test_before_acquire(false)
+            .connect_with(options.clone())
+            .await
+            .map_err(|e| open_failed(path, &e))?;
+        let read = SqlitePoolOptions::new()
+            .max_connections(4)
+            .acquire_timeout(Duration::from_secs(60))
+            .test_before_acquire(false)
+            .connect_with(options.read_only(true))
+            .await?;
+        Ok(Self {
+            write,
+            read,
+            path: path.to_owned(),
+            wake: Arc::new(OnceLock::new()),
+        })
+    }
+
+    /// Apply pending migrations to the database at `path` and report how
+    /// many were applied.
+    pub async fn migrate(path: &Path) -> Result<usize, StoreError> {
+        check_path(path)?;
+        migrate::run(path, &connect_options(path, Durability::Full)).await
+    }
+
+    /// The database file.
+    pub fn path(&self) -> &Path {
+        &self.path
+    }
+}
+
+#[async_trait]
+impl Storage for SqliteStore {
+    fn driver(&self) -> Driver {
+        Driver::Sqlite
+    }
+
+    fn describe(&self) -> String {
+        self.path.display().to_string()
+    }
+
+    async fn write_batch(
+        &self,
+        writes: &[Write],
+        now: i64,
+    ) -> Result<Vec<Result<Written, StoreError>>, StoreError> {
+        self.run_write_batch(writes, now).await
+    }
+
+    async fn change_feed(
+        &self,
+        shutdown: CancellationToken,
+    ) -> Result<Box<dyn ChangeFeed>, StoreError> {
+        Ok(Box::new(feed::SqliteFeed::open(self, shutdown).await?))
+    }
+
+    fn announce_commit(&self) {
+        if let Some(wake) = self.wake.get() {
+            wake.poke();
+        }
+    }
+
+    async fn close(&self) {
+        // Checkpoints happen as connections close.
+        self.write.close().await;
+        self.read.close().await;
+    }
+}

@@ -1,0 +1,58 @@
+//! The one error type of every storage driver.
+
+/// Errors of storage. Callers map them to protocol errors; the database
+/// error text is logged, never sent to clients.
+#[derive(Debug, thiserror::Error)]
+pub enum StoreError {
+    /// The lease token no longer matches: another worker (or the rescuer)
+    /// owns the job now, so this worker must write nothing more.
+    #[error("lease lost")]
+    LeaseLost,
+    /// The database or the connection failed, or refused a write.
+    #[error("database error: {0}")]
+    Db(Box<dyn std::error::Error + Send + Sync>),
+    /// A stored value this build cannot read (an unknown status...).
+    #[error("unreadable row: {0}")]
+    Decode(String),
+    /// A schema migration failed.
+    #[error("migration failed: {0}")]
+    Migrate(String),
+    /// A group commit failed as a whole: this write was not committed.
+    #[error("the group commit failed: {0}")]
+    Batch(String),
+    /// The database's schema is not the one this build knows.
+    #[error("{0}")]
+    Schema(String),
+    /// The database cannot be used at all: a path that names a directory,
+    /// a file that is not a database, a server that refuses us...
+    #[error("database {path}: {reason}")]
+    Open {
+        /// The database as given (a URL without its password).
+        path: String,
+        /// What is wrong, and what to do.
+        reason: String,
+    },
+}
+
+impl StoreError {
+    /// A database failure from any source.
+    pub fn db(error: impl std::error::Error + Send + Sync + 'static) -> Self {
+        Self::Db(Box::new(error))
+    }
+
+    /// The text of a database failure (a trigger's message, a constraint
+    /// name...), for callers that tell refusals apart.
+    pub fn db_message(&self) -> Option<String> {
+        match self {
+            Self::Db(e) => Some(e.to_string()),
+            _ => None,
+        }
+    }
+}
+
+#[cfg(feature = "sqlx")]
+impl From<sqlx::Error> for StoreError {
+    fn from(error: sqlx::Error) -> Self {
+        Self::Db(Box::new(error))
+    }
+}

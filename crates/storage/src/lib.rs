@@ -1,0 +1,405 @@
+//! taskbroker's storage interface.
+//!
+//! Every driver (SQLite, PostgreSQL) implements [`Storage`]: one trait per
+//! entity (tasks, jobs, messages, sessions, tokens, workers), plus the
+//! group commit ([`Storage::write_batch`]) and a change signal
+//! ([`Storage::change_feed`]). Methods are entity then verb, take `now` as
+//! a parameter (callers own the clock), and speak the plain values of
+//! [`model`]: no database type, no JSON-RPC shape crosses this interface.
+//! Only the broker calls it.
+
+mod error;
+pub mod model;
+mod status;
+pub mod text;
+
+use std::fmt;
+use std::str::FromStr;
+use std::sync::Arc;
+
+use async_trait::async_trait;
+use tokio::sync::Notify;
+use tokio_util::sync::CancellationToken;
+
+pub use error::StoreError;
+pub use model::*;
+pub use status::TaskStatus;
+
+/// How hard every commit is pushed to disk.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum Durability {
+    /// A commit survives power loss (SQLite `synchronous=FULL`;
+    /// PostgreSQL `synchronous_commit=on`). The default.
+    #[default]
+    Full,
+    /// A commit survives a process crash; the last transactions may roll
+    /// back on power loss (SQLite `synchronous=NORMAL`; PostgreSQL
+    /// `synchronous_commit=off`). Faster.
+    Normal,
+}
+
+impl FromStr for Durability {
+    type Err = String;
+    fn from_str(s: &str) -> Result<Self, Self::Err> {
+        match s.to_ascii_lowercase().as_str() {
+            "full" => Ok(Self::Full),
+            "normal" => Ok(Self::Normal),
+            other => Err(format!(
+                "unknown durability '{other}' (expected full or normal)"
+            )),
+        }
+    }
+}
+
+/// One write of a group commit.
+#[derive(Debug, Clone)]
+pub enum Write {
+    /// [`TaskStore::task_create`].
+    Create {
+        /// The task.
+        new: NewTask,
+        /// Its job.
+        job: Option<NewJob>,
+        /// An immediate outcome (refused arguments).
+        outcome: Option<TaskOutcome>,
+    },
+    /// [`JobStore::job_complete`].
+    Complete {
+        /// The job.
+        task_seq: i64,
+        /// Its task's id.
+        task_id: String,
+        /// Its lease.
+        lease_token: String,
+        /// What to record.
+        outcome: TaskOutcome,
+    },
+    /// [`JobStore::job_claim_available`]: claims share the batch's commit
+    /// and see the jobs created earlier in the same batch.
+    Claim {
+        /// The claiming pool.
+        worker: String,
+        /// The new lease.
+        lease_token: String,
+        /// Jobs at most, per tool.
+        quotas: Vec<ToolQuota>,
+        /// Jobs at most.
+        limit: i64,
+        /// Lease length.
+        lease_ms: i64,
+    },
+}
+
+/// What one write of a group commit came to.
+// Most writes are creations: boxing the row would cost an allocation each
+// to save space in the rarer variants.
+#[allow(clippy::large_enum_variant)]
+#[derive(Debug)]
+pub enum Written {
+    /// The new task, as served (a queued task says so).
+    Created(TaskRow),
+    /// Whether the task took the outcome (false: it was already terminal).
+    Completed(bool),
+    /// The claimed jobs.
+    Claimed(Vec<ClaimedJob>),
+}
+
+/// Reads of what committed, in commit order, for the change feed of one
+/// process. Each feed keeps its own position; it starts at the head.
+#[async_trait]
+pub trait ChangeFeed: Send {
+    /// Notified when another process may have committed.
+    fn remote(&self) -> Arc<Notify>;
+    /// A number that changes whenever anything committed since the last
+    /// call (cheap; used to skip reads when nothing happened).
+    async fn version(&mut self) -> Result<i64, StoreError>;
+    /// Progress reports committed since the last call, oldest first.
+    async fn next_progress(&mut self, limit: i64) -> Result<Vec<ProgressEvent>, StoreError>;
+    /// Status changes committed since the last call, oldest first.
+    async fn next_events(&mut self, limit: i64) -> Result<Vec<TaskEvent>, StoreError>;
+}
+
+/// Tasks and their status history.
+#[async_trait]
+pub trait TaskStore {
+    /// Insert a task (status working) and, when given, its job, in one
+    /// transaction; with `outcome` the task also finishes at once (history
+    /// still shows working then the end).
+    async fn task_create(
+        &self,
+        new: &NewTask,
+        job: Option<NewJob>,
+        outcome: Option<&TaskOutcome>,
+        now: i64,
+    ) -> Result<TaskRow, StoreError>;
+    /// One task by id, whoever owns it (the caller checks ownership).
+    async fn task_get(&self, task_id: &str) -> Result<Option<TaskRow>, StoreError>;
+    /// A page of `owner`'s unexpired tasks, newest first, before `before_seq`.
+    async fn task_list_page(
+        &self,
+        owner: &str,
+        before_seq: Option<i64>,
+        limit: i64,
+        now: i64,
+    ) -> Result<Vec<TaskRow>, StoreError>;
+    /// Cancel `owner`'s task: terminal at once unless a worker runs it (then
+    /// the worker is asked to stop).
+    async fn task_cancel(
+        &self,
+        task_id: &str,
+        owner: &str,
+        message: &str,
+        now: i64,
+    ) -> Result<CancelOutcome, StoreError>;
+    /// A running task's status message, fenced by the lease.
+    async fn task_set_status_message(
+        &self,
+        task_seq: i64,
+        lease_token: &str,
+        message: &str,
+        now: i64,
+    ) -> Result<(), StoreError>;
+    /// A running task's progress report, fenced by the lease.
+    async fn task_record_progress(
+        &self,
+        task_seq: i64,
+        lease_token: &str,
+        progress: f64,
+        total: Option<f64>,
+        message: &str,
+        now: i64,
+    ) -> Result<(), StoreError>;
+    /// Delete progress reports older than `before` (ms).
+    async fn task_progress_prune(&self, before: i64) -> Result<u64, StoreError>;
+    /// Delete up to `limit` tasks past their ttl, with their rows.
+    async fn task_purge_expired(&self, now: i64, limit: i64) -> Result<u64, StoreError>;
+    /// `owner`'s status changes after feed position `after_id` (GET-stream
+    /// replay).
+    async fn task_events_for_owner_since(
+        &self,
+        owner: &str,
+        after_id: i64,
+        limit: i64,
+    ) -> Result<Vec<TaskEvent>, StoreError>;
+    /// The newest feed position.
+    async fn task_events_head(&self) -> Result<i64, StoreError>;
+    /// How many unfinished tasks `owner` has.
+    async fn task_count_open(&self, owner: &str) -> Result<i64, StoreError>;
+}
+
+/// Jobs: claims, leases, fenced completion, rescue.
+#[async_trait]
+pub trait JobStore {
+    /// Claim up to `limit` runnable jobs by priority then age, within each
+    /// tool's quota; all share `lease_token`.
+    async fn job_claim_available(
+        &self,
+        worker: &str,
+        lease_token: &str,
+        quotas: &[ToolQuota],
+        limit: i64,
+        lease_ms: i64,
+        now: i64,
+    ) -> Result<Vec<ClaimedJob>, StoreError>;
+    /// Extend a lease; reports a requested cancellation.
+    async fn job_heartbeat(
+        &self,
+        task_seq: i64,
+        lease_token: &str,
+        lease_ms: i64,
+        now: i64,
+    ) -> Result<HeartbeatOutcome, StoreError>;
+    /// Record the outcome and close the job, fenced; false when the task was
+    /// already terminal.
+    async fn job_complete(
+        &self,
+        task_seq: i64,
+        lease_token: &str,
+        outcome: &TaskOutcome,
+        now: i64,
+    ) -> Result<bool, StoreError>;
+    /// Close the job of a cancelled task, fenced.
+    async fn job_finish_cancelled(
+        &self,
+        task_seq: i64,
+        lease_token: &str,
+        now: i64,
+    ) -> Result<(), StoreError>;
+    /// Give back a claimed job that never started (no attempt used).
+    async fn job_unclaim(
+        &self,
+        task_seq: i64,
+        lease_token: &str,
+        now: i64,
+    ) -> Result<bool, StoreError>;
+    /// Whether any job could be claimed now.
+    async fn job_any_runnable(&self, now: i64) -> Result<bool, StoreError>;
+    /// A stopping worker gives back a running job (no attempt used).
+    async fn job_release(
+        &self,
+        task_seq: i64,
+        lease_token: &str,
+        now: i64,
+    ) -> Result<bool, StoreError>;
+    /// Requeue (or fail) jobs whose lease expired.
+    async fn job_rescue_expired(
+        &self,
+        backoff_ms: i64,
+        now: i64,
+    ) -> Result<RescueReport, StoreError>;
+}
+
+/// Requests a running task sends its client, and the answers.
+#[async_trait]
+pub trait MessageStore {
+    /// Store a request and move the task to input_required, fenced.
+    async fn task_message_ask(
+        &self,
+        task_seq: i64,
+        lease_token: &str,
+        message: &TaskMessage,
+        now: i64,
+    ) -> Result<(), StoreError>;
+    /// The task's unanswered requests.
+    async fn task_messages_pending(&self, task_id: &str) -> Result<Vec<TaskMessage>, StoreError>;
+    /// One request by its JSON-RPC id.
+    async fn task_message_get(&self, request_id: &str) -> Result<Option<TaskMessage>, StoreError>;
+    /// Store `owner`'s answer; the task works again once nothing is pending.
+    async fn task_message_answer(
+        &self,
+        request_id: &str,
+        owner: &str,
+        response: &str,
+        now: i64,
+    ) -> Result<AnswerOutcome, StoreError>;
+    /// The capabilities (JSON text) of the client that created the task.
+    async fn task_client_capabilities(&self, task_seq: i64) -> Result<Option<String>, StoreError>;
+}
+
+/// MCP sessions (2025-11-25).
+#[async_trait]
+pub trait SessionStore {
+    /// Record a new session.
+    async fn session_create(&self, new: &NewSession, now: i64) -> Result<(), StoreError>;
+    /// One session.
+    async fn session_get(&self, session_id: &str) -> Result<Option<SessionRow>, StoreError>;
+    /// End a session; false when it was not live.
+    async fn session_end(&self, session_id: &str, now: i64) -> Result<bool, StoreError>;
+    /// Note activity.
+    async fn session_touch(&self, session_id: &str, now: i64) -> Result<(), StoreError>;
+    /// Sessions neither ended nor idle longer than `idle_ms`.
+    async fn session_count_live(&self, idle_ms: i64, now: i64) -> Result<i64, StoreError>;
+    /// Whether the session owns an unexpired, unfinished task.
+    async fn session_owns_open_tasks(&self, session_id: &str, now: i64)
+    -> Result<bool, StoreError>;
+    /// End idle sessions and delete long-ended ones: (ended, deleted).
+    async fn session_expire_idle(
+        &self,
+        idle_ms: i64,
+        now: i64,
+        batch: i64,
+    ) -> Result<(u64, u64), StoreError>;
+}
+
+/// Bearer tokens, stored as hashes.
+#[async_trait]
+pub trait TokenStore {
+    /// Store a new token.
+    async fn token_create(
+        &self,
+        token_id: &str,
+        principal: &str,
+        secret_hash: &[u8],
+        expires_at: Option<i64>,
+        now: i64,
+    ) -> Result<(), StoreError>;
+    /// One token.
+    async fn token_get(&self, token_id: &str) -> Result<Option<TokenRow>, StoreError>;
+    /// Every token, oldest first.
+    async fn token_list(&self) -> Result<Vec<TokenRow>, StoreError>;
+    /// Revoke; false when unknown or revoked already.
+    async fn token_revoke(&self, token_id: &str, now: i64) -> Result<bool, StoreError>;
+    /// Whether any token was ever created (authentication is on).
+    async fn tokens_exist(&self) -> Result<bool, StoreError>;
+    /// Note a use.
+    async fn token_touch(&self, token_id: &str, now: i64) -> Result<(), StoreError>;
+}
+
+/// Worker pools: registration and heartbeats.
+#[async_trait]
+pub trait WorkerStore {
+    /// Record a starting pool.
+    async fn worker_register(&self, w: &NewWorker, now: i64) -> Result<(), StoreError>;
+    /// The pool is alive and runs `jobs_running` jobs.
+    async fn worker_heartbeat(
+        &self,
+        worker_id: &str,
+        jobs_running: i64,
+        now: i64,
+    ) -> Result<(), StoreError>;
+    /// The pool is stopping or stopped.
+    async fn worker_set_state(
+        &self,
+        worker_id: &str,
+        state: WorkerState,
+        now: i64,
+    ) -> Result<(), StoreError>;
+    /// Mark pools whose heartbeat is overdue as dead.
+    async fn worker_mark_dead(&self, now: i64) -> Result<u64, StoreError>;
+}
+
+/// One database, whatever the driver.
+#[async_trait]
+pub trait Storage:
+    TaskStore
+    + JobStore
+    + MessageStore
+    + SessionStore
+    + TokenStore
+    + WorkerStore
+    + fmt::Debug
+    + Send
+    + Sync
+{
+    /// The driver's name (`sqlite`, `postgres`).
+    fn driver(&self) -> Driver;
+    /// The database, for logs and messages (never a password).
+    fn describe(&self) -> String;
+    /// Run `writes` in one transaction (one fsync). Outer error: nothing
+    /// committed. Inner errors: that write alone was refused and rolled
+    /// back; the others committed.
+    async fn write_batch(
+        &self,
+        writes: &[Write],
+        now: i64,
+    ) -> Result<Vec<Result<Written, StoreError>>, StoreError>;
+    /// A change feed positioned at the head; `shutdown` ends its watchers.
+    async fn change_feed(
+        &self,
+        shutdown: CancellationToken,
+    ) -> Result<Box<dyn ChangeFeed>, StoreError>;
+    /// Tell other processes that this one just committed (where the
+    /// database does not tell them itself).
+    fn announce_commit(&self);
+    /// Close the connections.
+    async fn close(&self);
+}
+
+/// The storage drivers.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Driver {
+    /// Embedded, one machine.
+    Sqlite,
+    /// A server, many machines.
+    Postgres,
+}
+
+impl Driver {
+    /// Its name.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Self::Sqlite => "sqlite",
+            Self::Postgres => "postgres",
+        }
+    }
+}

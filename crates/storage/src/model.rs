@@ -1,0 +1,360 @@
+//! The values that cross the storage interface: rows as stored and what
+//! writes take, in plain Rust types (no database type).
+
+use crate::TaskStatus;
+use std::fmt;
+use std::str::FromStr;
+
+/// What a stored outcome is: the JSON-RPC `result` of the tool call, or
+/// a JSON-RPC `error` object.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum ResultKind {
+    /// A `CallToolResult` (possibly with `isError: true`).
+    Result,
+    /// A JSON-RPC error object.
+    Error,
+}
+
+impl ResultKind {
+    /// The stored value.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Self::Result => "result",
+            Self::Error => "error",
+        }
+    }
+}
+
+impl FromStr for ResultKind {
+    type Err = String;
+    fn from_str(s: &str) -> Result<Self, Self::Err> {
+        match s {
+            "result" => Ok(Self::Result),
+            "error" => Ok(Self::Error),
+            other => Err(format!("unknown result kind '{other}'")),
+        }
+    }
+}
+
+/// Where a worker pool runs.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum WorkerKind {
+    /// Inside `taskbroker serve`.
+    Embedded,
+    /// A `taskbroker worker` process.
+    Process,
+}
+
+impl WorkerKind {
+    /// The stored value.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Self::Embedded => "embedded",
+            Self::Process => "process",
+        }
+    }
+}
+
+/// What a worker pool says of itself (`dead` is only ever set by others).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum WorkerState {
+    /// Finishing its running jobs, claiming nothing new.
+    Stopping,
+    /// Gone, cleanly.
+    Stopped,
+}
+
+impl WorkerState {
+    /// The stored value.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Self::Stopping => "stopping",
+            Self::Stopped => "stopped",
+        }
+    }
+}
+
+impl fmt::Display for WorkerKind {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.as_str())
+    }
+}
+
+/// A row of `tasks`, as stored.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct TaskRow {
+    /// Row key: orders tasks/list, encoded in cursors.
+    pub seq: i64,
+    /// The id clients use.
+    pub task_id: String,
+    /// Who may see the task (session or principal).
+    pub owner: String,
+    /// Tool name.
+    pub tool: String,
+    /// Tool arguments (JSON text).
+    pub arguments: String,
+    /// One of the five MCP statuses.
+    pub status: TaskStatus,
+    /// Human-readable word on the status.
+    pub status_message: Option<String>,
+    /// Creation time, ms since the epoch.
+    pub created_at: i64,
+    /// Last change, ms since the epoch.
+    pub updated_at: i64,
+    /// Actual ttl; `None` = unlimited.
+    pub ttl_ms: Option<i64>,
+    /// `created_at + ttl_ms`.
+    pub expires_at: Option<i64>,
+    /// Suggested polling interval.
+    pub poll_interval_ms: Option<i64>,
+    /// The caller's progressToken (JSON text), kept for the task's life.
+    pub progress_token: Option<String>,
+    /// JSON-RPC result or error object (JSON text) once terminal.
+    pub result: Option<String>,
+    /// A JSON-RPC result or a JSON-RPC error, once terminal.
+    pub result_kind: Option<ResultKind>,
+}
+
+/// What a new task row holds.
+#[derive(Debug, Clone)]
+pub struct NewTask {
+    /// Random id (>= 122 bits).
+    pub task_id: String,
+    /// Owner (session or principal).
+    pub owner: String,
+    /// Tool name.
+    pub tool: String,
+    /// Arguments as JSON text.
+    pub arguments: String,
+    /// Actual ttl (already clamped).
+    pub ttl_ms: Option<i64>,
+    /// Suggested polling interval.
+    pub poll_interval_ms: Option<i64>,
+    /// progressToken as JSON text.
+    pub progress_token: Option<String>,
+    /// The session that created it.
+    pub session_id: Option<String>,
+}
+
+/// The job that runs a new task.
+#[derive(Debug, Clone, Copy)]
+pub struct NewJob {
+    /// How many times a lost worker may be replaced before the task fails.
+    pub max_attempts: i64,
+    /// Lower runs first.
+    pub priority: i64,
+}
+
+/// A terminal outcome to record on a task.
+#[derive(Debug, Clone)]
+pub struct TaskOutcome {
+    /// `Completed` or `Failed`.
+    pub status: TaskStatus,
+    /// Explanation (failures).
+    pub status_message: Option<String>,
+    /// JSON text of the result or error object.
+    pub result: String,
+    /// A JSON-RPC result or a JSON-RPC error.
+    pub result_kind: ResultKind,
+}
+
+/// What `task_cancel` found.
+#[derive(Debug)]
+pub enum CancelOutcome {
+    /// The task is now cancelled.
+    Cancelled(Box<TaskRow>),
+    /// Already terminal: its status.
+    Terminal(TaskStatus),
+    /// No such task for this owner.
+    NotFound,
+}
+
+/// A progress report of a running task, from the change feed.
+#[derive(Debug, Clone)]
+pub struct ProgressEvent {
+    /// Feed position (in `task_progress`).
+    pub id: i64,
+    /// The task.
+    pub task_id: String,
+    /// Increases with every report.
+    pub progress: f64,
+    /// Known total.
+    pub total: Option<f64>,
+    /// What is happening.
+    pub message: Option<String>,
+}
+
+/// A row of the change feed.
+#[derive(Debug, Clone)]
+pub struct TaskEvent {
+    /// Feed position.
+    pub id: i64,
+    /// The task that changed.
+    pub task_id: String,
+    /// Its status before (`None`: the task was created).
+    pub from_status: Option<TaskStatus>,
+    /// Its new status.
+    pub to_status: TaskStatus,
+    /// Who owns the task.
+    pub owner: String,
+    /// The statusMessage that came with the change.
+    pub message: Option<String>,
+    /// When it changed (the task's lastUpdatedAt then), ms.
+    pub at: i64,
+    /// The task's creation time, ms.
+    pub created_at: i64,
+    /// The task's ttl.
+    pub ttl_ms: Option<i64>,
+    /// The task's pollInterval.
+    pub poll_interval_ms: Option<i64>,
+}
+
+/// A job this worker now holds a lease on.
+#[derive(Debug, Clone)]
+pub struct ClaimedJob {
+    /// The task's row key (also the job's key).
+    pub task_seq: i64,
+    /// The task's id.
+    pub task_id: String,
+    /// Tool to run.
+    pub tool: String,
+    /// Arguments (JSON text).
+    pub arguments: String,
+    /// progressToken (JSON text), if the caller gave one.
+    pub progress_token: Option<String>,
+    /// 1 for the first run.
+    pub attempt: i64,
+    /// Attempts allowed before the task fails.
+    pub max_attempts: i64,
+    /// Lower runs first.
+    pub priority: i64,
+    /// Fences every later write of this run.
+    pub lease_token: String,
+}
+
+/// How many jobs of one tool a claim may take.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ToolQuota {
+    /// The tool.
+    pub tool: String,
+    /// Free slots for it in the claiming pool.
+    pub free: i64,
+    /// Its limit across every process on the database, if it has one:
+    /// the claim takes no more than this minus the tool's running jobs
+    /// (those of tasks waiting for client input do not count).
+    pub global: Option<i64>,
+}
+
+/// What a heartbeat learnt.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct HeartbeatOutcome {
+    /// The task was cancelled: stop the tool.
+    pub cancel_requested: bool,
+}
+
+/// What one rescue pass did.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct RescueReport {
+    /// Jobs queued again for another attempt.
+    pub requeued: u64,
+    /// Tasks failed because no attempts remained.
+    pub failed: u64,
+    /// Jobs of cancelled tasks whose worker vanished, closed.
+    pub closed: u64,
+}
+
+/// A request of a task to its client.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct TaskMessage {
+    /// The JSON-RPC id sent to the client.
+    pub request_id: String,
+    /// The task.
+    pub task_id: String,
+    /// `elicitation/create` or `sampling/createMessage`.
+    pub method: String,
+    /// Params (JSON text).
+    pub params: String,
+    /// The client's response message (JSON text), once answered.
+    pub response: Option<String>,
+}
+
+/// What an answer found.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum AnswerOutcome {
+    /// Stored; the task is back to working if nothing else is pending.
+    Stored,
+    /// No pending request with that id for that owner.
+    Unknown,
+}
+
+/// A stored MCP session.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct SessionRow {
+    /// The Mcp-Session-Id value.
+    pub session_id: String,
+    /// Negotiated protocol version.
+    pub protocol_version: String,
+    /// The client's `clientInfo` (JSON text).
+    pub client_info: String,
+    /// The client's declared capabilities (JSON text).
+    pub client_capabilities: String,
+    /// When initialize made it, ms.
+    pub created_at: i64,
+    /// Last request seen (updated at most once a minute), ms.
+    pub last_seen_at: i64,
+    /// Set by DELETE: the session is over.
+    pub ended_at: Option<i64>,
+    /// The principal that opened it (None without authentication).
+    pub principal: Option<String>,
+}
+
+/// What initialize stores.
+#[derive(Debug, Clone)]
+pub struct NewSession {
+    /// Random id.
+    pub session_id: String,
+    /// Negotiated protocol version.
+    pub protocol_version: String,
+    /// `clientInfo` as JSON text.
+    pub client_info: String,
+    /// `capabilities` as JSON text.
+    pub client_capabilities: String,
+    /// The authenticated principal, if any.
+    pub principal: Option<String>,
+}
+
+/// A stored token (never its secret).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct TokenRow {
+    /// Public id.
+    pub token_id: String,
+    /// Whose it is.
+    pub principal: String,
+    /// SHA-256 of the secret.
+    pub secret_hash: Vec<u8>,
+    /// ms.
+    pub created_at: i64,
+    /// ms; None = never.
+    pub expires_at: Option<i64>,
+    /// ms; set by revoke.
+    pub revoked_at: Option<i64>,
+    /// ms; updated at most once a minute.
+    pub last_used_at: Option<i64>,
+}
+
+/// A pool announcing itself.
+#[derive(Debug, Clone)]
+pub struct NewWorker {
+    /// `host:pid:random`.
+    pub worker_id: String,
+    /// OS process id.
+    pub pid: i64,
+    /// Host name.
+    pub host: String,
+    /// In a server process, or a worker process of its own.
+    pub kind: WorkerKind,
+    /// Jobs at once.
+    pub concurrency: i64,
+    /// Its lease length.
+    pub lease_ms: i64,
+}
