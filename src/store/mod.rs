@@ -9,6 +9,7 @@ use std::sync::Arc;
 
 pub use taskbroker_storage::*;
 
+use taskbroker_postgres::PostgresStore;
 use taskbroker_sqlite::SqliteStore;
 
 /// One open database, whatever its driver.
@@ -56,22 +57,7 @@ impl fmt::Display for Database {
 
 /// `postgres://user:secret@host/db` as `postgres://user@host/db`.
 pub fn without_password(url: &str) -> String {
-    let Some((scheme, rest)) = url.split_once("://") else {
-        return url.to_owned();
-    };
-    let (auth, host) = match rest.split_once('@') {
-        Some((auth, host)) => (auth, host),
-        None => return url.to_owned(),
-    };
-    let user = auth.split_once(':').map_or(auth, |(user, _)| user);
-    format!("{scheme}://{user}@{host}")
-}
-
-fn postgres_missing(url: &str) -> StoreError {
-    StoreError::Open {
-        path: without_password(url),
-        reason: "PostgreSQL is not supported by this build yet".to_owned(),
-    }
+    taskbroker_postgres::without_password(url)
 }
 
 /// Open (creating and migrating if needed) the database: `serve`,
@@ -79,7 +65,7 @@ fn postgres_missing(url: &str) -> StoreError {
 pub async fn open(db: &Path, durability: Durability) -> Result<Store, StoreError> {
     match Database::parse(db) {
         Database::Sqlite(path) => Ok(Arc::new(SqliteStore::open(&path, durability).await?)),
-        Database::Postgres(url) => Err(postgres_missing(&url)),
+        Database::Postgres(url) => Ok(Arc::new(PostgresStore::open(&url, durability).await?)),
     }
 }
 
@@ -90,7 +76,9 @@ pub async fn open_existing(db: &Path, durability: Durability) -> Result<Store, S
         Database::Sqlite(path) => Ok(Arc::new(
             SqliteStore::open_existing(&path, durability).await?,
         )),
-        Database::Postgres(url) => Err(postgres_missing(&url)),
+        Database::Postgres(url) => Ok(Arc::new(
+            PostgresStore::open_existing(&url, durability).await?,
+        )),
     }
 }
 
@@ -98,6 +86,6 @@ pub async fn open_existing(db: &Path, durability: Durability) -> Result<Store, S
 pub async fn migrate(db: &Path) -> Result<usize, StoreError> {
     match Database::parse(db) {
         Database::Sqlite(path) => SqliteStore::migrate(&path).await,
-        Database::Postgres(url) => Err(postgres_missing(&url)),
+        Database::Postgres(url) => PostgresStore::migrate(&url).await,
     }
 }

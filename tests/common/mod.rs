@@ -2,6 +2,8 @@
 //! port with a temporary database, and speak MCP over HTTP to it.
 #![allow(dead_code, clippy::unwrap_used)]
 
+pub mod pg;
+
 use std::io::{BufRead, BufReader};
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};

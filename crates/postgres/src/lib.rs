@@ -1,0 +1,288 @@
+//! taskbroker's PostgreSQL driver: every SQL statement for PostgreSQL, and
+//! nothing else.
+//!
+//! One database for brokers and workers on many machines, with the same
+//! results as the SQLite driver (the reference). Where SQLite has one
+//! writer, PostgreSQL has many, so three rules keep the SQLite behaviour:
+//!
+//! - **Feed lock.** Every transaction that may write `tasks` (and so
+//!   append to the change feed, `task_events` and `task_progress`) takes
+//!   the advisory lock [`FEED_LOCK_KEY`] first. Feed ids then become
+//!   visible in id order (the schema's `taskbroker_feed_order` triggers
+//!   take the same lock for any other writer), those transactions see one
+//!   another's commits as SQLite's single writer would, and none of them
+//!   waits for the lock while holding a row another one waits for.
+//! - **Claims skip, never wait.** The claim locks its candidate jobs with
+//!   `FOR UPDATE SKIP LOCKED`: claimers on many machines take disjoint jobs
+//!   without queueing behind one another. Claims, heartbeats and the close
+//!   of a cancelled job touch `jobs` only and take no feed lock.
+//! - **Global tool limits.** A claim that counts a tool's running jobs for
+//!   its limit across processes first takes that tool's advisory lock
+//!   (class [`TOOL_LOCK_CLASS`]), so two claimers never both see the same
+//!   free room.
+//!
+//! Other processes learn of commits through `LISTEN taskbroker_changes`
+//! (`feed.rs`): the schema's triggers notify at commit.
+
+mod batch;
+mod feed;
+mod jobs;
+mod messages;
+mod migrate;
+mod sessions;
+mod tasks;
+mod tokens;
+mod workers;
+
+use std::fmt;
+use std::str::FromStr;
+use std::time::Duration;
+
+use async_trait::async_trait;
+use sqlx::postgres::{PgConnectOptions, PgPool, PgPoolOptions};
+use sqlx::{Connection, PgConnection};
+use taskbroker_storage::{ChangeFeed, Driver, Durability, Storage, StoreError, Write, Written};
+use tokio_util::sync::CancellationToken;
+
+/// The advisory lock (`pg_advisory_xact_lock(bigint)`) that orders the
+/// change feed: 0x74626b5f66656564, `tbk_feed` in ASCII. The same constant
+/// as in `migrations/postgres/V1__init.sql` (`taskbroker_feed_order`).
+pub const FEED_LOCK_KEY: i64 = 0x7462_6b5f_6665_6564;
+
+/// The advisory lock (`pg_advisory_lock(bigint)`, held for the session)
+/// that serialises migrations between processes: `tbk_migr` in ASCII.
+pub const MIGRATE_LOCK_KEY: i64 = 0x7462_6b5f_6d69_6772;
+
+/// The first key of a tool's advisory lock (`pg_advisory_xact_lock(int,
+/// int)`, the second key a hash of the tool's name): `tbkt` in ASCII.
+pub const TOOL_LOCK_CLASS: i32 = 0x7462_6b74;
+
+/// Connections at most, per process.
+const MAX_CONNECTIONS: u32 = 16;
+
+/// How long a statement waits for a free connection of the pool.
+const ACQUIRE_TIMEOUT: Duration = Duration::from_secs(30);
+
+/// Handle on one broker database: a pool of connections.
+#[derive(Clone)]
+pub struct PostgresStore {
+    pool: PgPool,
+    /// The URL without its password, for logs and error messages.
+    url: String,
+}
+
+impl fmt::Debug for PostgresStore {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        // Not the pool: its options hold the password.
+        f.debug_struct("PostgresStore")
+            .field("url", &self.url)
+            .finish_non_exhaustive()
+    }
+}
+
+/// `postgres://user:secret@host/db?password=x` as `postgres://user@host/db`.
+pub fn without_password(url: &str) -> String {
+    match url::Url::parse(url) {
+        Ok(mut parsed) => {
+            let _ = parsed.set_password(None);
+            if parsed.query_pairs().any(|(k, _)| k == "password") {
+                let kept: Vec<(String, String)> = parsed
+                    .query_pairs()
+                    .filter(|(k, _)| k != "password")
+                    .map(|(k, v)| (k.into_owned(), v.into_owned()))
+                    .collect();
+                if kept.is_empty() {
+                    parsed.set_query(None);
+                } else {
+                    parsed.query_pairs_mut().clear().extend_pairs(kept);
+                }
+            }
+            parsed.to_string()
+        }
+        // Not a URL: say nothing of what follows the user name.
+        Err(_) => match url.split_once("://") {
+            Some((scheme, rest)) => match rest.rsplit_once('@') {
+                Some((auth, host)) => {
+                    let user = auth.split_once(':').map_or(auth, |(user, _)| user);
+                    format!("{scheme}://{user}@{host}")
+                }
+                None => url.to_owned(),
+            },
+            None => "(not a URL)".to_owned(),
+        },
+    }
+}
+
+fn open_error(url: &str, reason: impl Into<String>) -> StoreError {
+    StoreError::Open {
+        path: without_password(url),
+        reason: reason.into(),
+    }
+}
+
+/// The connection options of `url` (libpq's environment variables fill
+/// what it leaves out).
+fn connect_options(url: &str) -> Result<PgConnectOptions, StoreError> {
+    let options = PgConnectOptions::from_str(url).map_err(|e| {
+        open_error(
+            url,
+            format!(
+                "is not a PostgreSQL URL ({e}); expected postgres://USER[:PASSWORD]@HOST[:PORT]/DATABASE"
+            ),
+        )
+    })?;
+    Ok(if options.get_application_name().is_none() {
+        options.application_name("taskbroker")
+    } else {
+        options
+    })
+}
+
+/// A failure to connect (or to first read), said plainly.
+fn open_failed(url: &str, options: &PgConnectOptions, error: &sqlx::Error) -> StoreError {
+    let server = match options.get_socket() {
+        Some(socket) => socket.display().to_string(),
+        None => format!("{}:{}", options.get_host(), options.get_port()),
+    };
+    let user = options.get_username();
+    let database = options.get_database().unwrap_or(user);
+    let reason = match error {
+        sqlx::Error::Io(e) => {
+            format!("server unreachable at {server} ({e}): is PostgreSQL running there?")
+        }
+        sqlx::Error::PoolTimedOut => {
+            format!("server unreachable at {server} (no connection within {ACQUIRE_TIMEOUT:?})")
+        }
+        sqlx::Error::Tls(e) => format!("TLS with the server at {server} failed: {e}"),
+        sqlx::Error::Database(db) => match db.code().as_deref() {
+            Some("3D000") => format!(
+                "database \"{database}\" does not exist on {server} (create it with 'createdb -h {} -p {} -U {user} {database}')",
+                options.get_host(),
+                options.get_port()
+            ),
+            Some("28P01") | Some("28000") => format!(
+                "authentication failed for user \"{user}\" on {server} ({}): check the user and password in the URL (or PGPASSWORD)",
+                db.message()
+            ),
+            Some("57P03") => format!(
+                "the server at {server} is starting up or shutting down ({})",
+                db.message()
+            ),
+            _ => db.message().to_owned(),
+        },
+        other => other.to_string(),
+    };
+    open_error(url, reason)
+}
+
+impl PostgresStore {
+    /// Connect to the database at `url` and migrate it.
+    pub async fn open(url: &str, durability: Durability) -> Result<Self, StoreError> {
+        let options = connect_options(url)?;
+        migrate::run(url, &options).await?;
+        Self::connect(url, options, durability).await
+    }
+
+    /// Connect without migrating (worker processes): refused unless the
+    /// schema is exactly the one this build knows.
+    pub async fn open_existing(url: &str, durability: Durability) -> Result<Self, StoreError> {
+        let options = connect_options(url)?;
+        let mut conn = PgConnection::connect_with(&options)
+            .await
+            .map_err(|e| open_failed(url, &options, &e))?;
+        migrate::check(url, &mut conn).await?;
+        conn.close().await?;
+        Self::connect(url, options, durability).await
+    }
+
+    /// Apply pending migrations to the database at `url` and report how
+    /// many were applied.
+    pub async fn migrate(url: &str) -> Result<usize, StoreError> {
+        migrate::run(url, &connect_options(url)?).await
+    }
+
+    async fn connect(
+        url: &str,
+        options: PgConnectOptions,
+        durability: Durability,
+    ) -> Result<Self, StoreError> {
+        let relaxed = durability == Durability::Normal;
+        let pool = PgPoolOptions::new()
+            .max_connections(MAX_CONNECTIONS)
+            .acquire_timeout(ACQUIRE_TIMEOUT)
+            .after_connect(move |conn, _meta| {
+                Box::pin(async move {
+                    if relaxed {
+                        // A commit returns before its WAL reaches disk:
+                        // a crash of the server may lose the last
+                        // transactions, never corrupt.
+                        sqlx::query_scalar!(
+                            r#"SELECT set_config('synchronous_commit', 'off', false) AS "v!""#
+                        )
+                        .fetch_one(&mut *conn)
+                        .await?;
+                    }
+                    Ok(())
+                })
+            })
+            .connect_with(options.clone())
+            .await
+            .map_err(|e| open_failed(url, &options, &e))?;
+        Ok(Self {
+            pool,
+            url: without_password(url),
+        })
+    }
+}
+
+/// Begin a transaction that may write `tasks`: its first statement takes
+/// the feed lock (see the crate doc).
+pub(crate) async fn begin_feed(
+    pool: &PgPool,
+) -> Result<sqlx::Transaction<'static, sqlx::Postgres>, StoreError> {
+    let mut tx = pool.begin().await?;
+    lock_feed(&mut tx).await?;
+    Ok(tx)
+}
+
+/// Take the feed lock in the caller's transaction (until it ends).
+pub(crate) async fn lock_feed(conn: &mut PgConnection) -> Result<(), StoreError> {
+    sqlx::query!("SELECT pg_advisory_xact_lock($1)", FEED_LOCK_KEY)
+        .execute(conn)
+        .await?;
+    Ok(())
+}
+
+#[async_trait]
+impl Storage for PostgresStore {
+    fn driver(&self) -> Driver {
+        Driver::Postgres
+    }
+
+    fn describe(&self) -> String {
+        self.url.clone()
+    }
+
+    async fn write_batch(
+        &self,
+        writes: &[Write],
+        now: i64,
+    ) -> Result<Vec<Result<Written, StoreError>>, StoreError> {
+        self.run_write_batch(writes, now).await
+    }
+
+    async fn change_feed(
+        &self,
+        shutdown: CancellationToken,
+    ) -> Result<Box<dyn ChangeFeed>, StoreError> {
+        Ok(Box::new(feed::PgFeed::open(self, shutdown).await?))
+    }
+
+    fn announce_commit(&self) {
+        // The schema's triggers notify every listener at commit.
+    }
+
+    async fn close(&self) {
+        self.pool.close().await;
+    }
+}

@@ -1,0 +1,424 @@
+//! SQL for `tasks` and `task_events`.
+
+use async_trait::async_trait;
+use sqlx::PgConnection;
+use taskbroker_storage::text::{self, TaskEventText, TaskText};
+use taskbroker_storage::*;
+
+use crate::{PostgresStore, begin_feed};
+
+#[async_trait]
+impl TaskStore for PostgresStore {
+    /// Insert a task (status working) and, when given, its job, in one
+    /// transaction. When `outcome` is given the task is finished in the same
+    /// transaction (a call refused before it could run, such as arguments
+    /// that fail the tool's schema): history still shows working -> failed.
+    async fn task_create(
+        &self,
+        new: &NewTask,
+        job: Option<NewJob>,
+        outcome: Option<&TaskOutcome>,
+        now: i64,
+    ) -> Result<TaskRow, StoreError> {
+        let mut tx = begin_feed(&self.pool).await?;
+        let row = create_in(&mut tx, new, job, outcome, now).await?;
+        tx.commit().await?;
+        Ok(as_served(row, job.is_some()))
+    }
+
+    /// One task by id, whoever owns it (the caller checks ownership).
+    async fn task_get(&self, task_id: &str) -> Result<Option<TaskRow>, StoreError> {
+        let row = sqlx::query_as!(
+            TaskText,
+            r#"SELECT seq AS "seq!", task_id AS "task_id!", owner AS "owner!", tool AS "tool!",
+                      arguments AS "arguments!", status AS "status!", status_message,
+                      created_at AS "created_at!", updated_at AS "updated_at!", ttl_ms, expires_at,
+                      poll_interval_ms, progress_token, result, result_kind
+                 FROM tasks_as_served WHERE task_id = $1"#,
+            task_id
+        )
+        .fetch_optional(&self.pool)
+        .await?;
+        row.map(TaskRow::try_from).transpose()
+    }
+
+    /// A page of `owner`'s unexpired tasks, newest first, strictly older than
+    /// `before_seq` when given. Keyset pagination: cost does not grow with
+    /// the page number.
+    async fn task_list_page(
+        &self,
+        owner: &str,
+        before_seq: Option<i64>,
+        limit: i64,
+        now: i64,
+    ) -> Result<Vec<TaskRow>, StoreError> {
+        let before = before_seq.unwrap_or(i64::MAX);
+        let rows = sqlx::query_as!(
+            TaskText,
+            r#"SELECT seq AS "seq!", task_id AS "task_id!", owner AS "owner!", tool AS "tool!",
+                      arguments AS "arguments!", status AS "status!", status_message,
+                      created_at AS "created_at!", updated_at AS "updated_at!", ttl_ms, expires_at,
+                      poll_interval_ms, progress_token, result, result_kind
+                 FROM tasks_as_served
+                WHERE owner = $1 AND seq < $2 AND (expires_at IS NULL OR expires_at > $3)
+                ORDER BY seq DESC
+                LIMIT $4"#,
+            owner,
+            before,
+            now,
+            limit
+        )
+        .fetch_all(&self.pool)
+        .await?;
+        text::rows(rows)
+    }
+
+    /// Cancel a non-terminal task of `owner` and ask its job to stop, in one
+    /// transaction (T-21: cancelled before the response is sent).
+    async fn task_cancel(
+        &self,
+        task_id: &str,
+        owner: &str,
+        message: &str,
+        now: i64,
+    ) -> Result<CancelOutcome, StoreError> {
+        let mut tx = begin_feed(&self.pool).await?;
+        let current = sqlx::query!(
+            "SELECT seq, status, updated_at FROM tasks WHERE task_id = $1 AND owner = $2 FOR UPDATE",
+            task_id,
+            owner
+        )
+        .fetch_optional(&mut *tx)
+        .await?;
+        let Some(current) = current else {
+            return Ok(CancelOutcome::NotFound);
+        };
+        let status: TaskStatus = current
+            .status
+            .parse()
+            .map_err(|e| StoreError::Decode(format!("tasks.status: {e}")))?;
+        if status.is_terminal() {
+            return Ok(CancelOutcome::Terminal(status));
+        }
+        let at = now.max(current.updated_at);
+        sqlx::query!(
+            "UPDATE tasks SET status = 'cancelled', status_message = $1, updated_at = $2 WHERE seq = $3",
+            message,
+            at,
+            current.seq
+        )
+        .execute(&mut *tx)
+        .await?;
+        // A queued job is finished here; a running one is told to stop and
+        // its worker finishes it.
+        sqlx::query!(
+            "UPDATE jobs SET cancel_requested = 1,
+                    last_error = CASE WHEN state = 'queued' THEN 'cancelled while queued' ELSE last_error END,
+                    changed_at = CASE WHEN state = 'queued' THEN $1 ELSE changed_at END,
+                    finished_at = CASE WHEN state = 'queued' THEN $1 ELSE finished_at END,
+                    state = CASE WHEN state = 'queued' THEN 'done' ELSE state END
+              WHERE task_seq = $2 AND state <> 'done'",
+            at,
+            current.seq
+        )
+        .execute(&mut *tx)
+        .await?;
+        let row = task_by_seq(&mut tx, current.seq).await?;
+        tx.commit().await?;
+        Ok(CancelOutcome::Cancelled(Box::new(row)))
+    }
+
+    /// Set the status message of a task that is still running, if the
+    /// caller still holds the job's lease.
+    async fn task_set_status_message(
+        &self,
+        task_seq: i64,
+        lease_token: &str,
+        message: &str,
+        now: i64,
+    ) -> Result<(), StoreError> {
+        // Under the feed lock: the lease read below then sees every
+        // requeue committed before (as SQLite's single writer would).
+        let mut tx = begin_feed(&self.pool).await?;
+        let done = sqlx::query!(
+            "UPDATE tasks SET status_message = $1, updated_at = GREATEST(updated_at, $2)
+              WHERE seq = $3 AND status IN ('working', 'input_required')
+                AND EXISTS (SELECT 1 FROM jobs WHERE task_seq = $3 AND lease_token = $4)",
+            message,
+            now,
+            task_seq,
+            lease_token
+        )
+        .execute(&mut *tx)
+        .await?;
+        if done.rows_affected() == 0 {
+            tx.rollback().await?;
+            return Err(StoreError::LeaseLost);
+        }
+        tx.commit().await?;
+        Ok(())
+    }
+
+    /// Record progress of a running task (its statusMessage shows it, and
+    /// the progress feed carries it to waiting clients), if the caller still
+    /// holds the job's lease and the task is not terminal.
+    async fn task_record_progress(
+        &self,
+        task_seq: i64,
+        lease_token: &str,
+        progress: f64,
+        total: Option<f64>,
+        message: &str,
+        now: i64,
+    ) -> Result<(), StoreError> {
+        let mut tx = begin_feed(&self.pool).await?;
+        let done = sqlx::query!(
+            "UPDATE tasks SET status_message = $1, updated_at = GREATEST(updated_at, $2)
+              WHERE seq = $3 AND status IN ('working', 'input_required')
+                AND EXISTS (SELECT 1 FROM jobs WHERE task_seq = $3 AND lease_token = $4)",
+            message,
+            now,
+            task_seq,
+            lease_token
+        )
+        .execute(&mut *tx)
+        .await?;
+        if done.rows_affected() == 0 {
+            tx.rollback().await?;
+            return Err(StoreError::LeaseLost);
+        }
+        sqlx::query!(
+            "INSERT INTO task_progress (task_seq, task_id, progress, total, message, at)
+             SELECT seq, task_id, $1, $2, $3, $4 FROM tasks WHERE seq = $5",
+            progress,
+            total,
+            message,
+            now,
+            task_seq
+        )
+        .execute(&mut *tx)
+        .await?;
+        tx.commit().await?;
+        Ok(())
+    }
+
+    /// Delete progress rows older than `before` (they were delivered or
+    /// nobody waited).
+    async fn task_progress_prune(&self, before: i64) -> Result<u64, StoreError> {
+        let done = sqlx::query!("DELETE FROM task_progress WHERE at < $1", before)
+            .execute(&self.pool)
+            .await?;
+        Ok(done.rows_affected())
+    }
+
+    /// Delete up to `limit` tasks whose ttl has passed (their jobs and
+    /// history go with them, by trigger). Returns how many were deleted.
+    async fn task_purge_expired(&self, now: i64, limit: i64) -> Result<u64, StoreError> {
+        // Under the feed lock: the purge deletes tasks then their jobs, the
+        // reverse of a completion's order, so the two must not overlap.
+        let mut tx = begin_feed(&self.pool).await?;
+        let done = sqlx::query!(
+            "DELETE FROM tasks WHERE seq IN
+               (SELECT seq FROM tasks WHERE expires_at IS NOT NULL AND expires_at <= $1 LIMIT $2)",
+            now,
+            limit
+        )
+        .execute(&mut *tx)
+        .await?;
+        tx.commit().await?;
+        Ok(done.rows_affected())
+    }
+
+    /// The changes of `owner`'s tasks after feed position `after_id`, oldest
+    /// first: what a session's GET stream missed (resumption).
+    async fn task_events_for_owner_since(
+        &self,
+        owner: &str,
+        after_id: i64,
+        limit: i64,
+    ) -> Result<Vec<TaskEvent>, StoreError> {
+        let rows = sqlx::query_as!(
+            TaskEventText,
+            r#"SELECT e.id, e.task_id, e.from_status, e.to_status, t.owner, e.message, e.at,
+                      t.created_at, t.ttl_ms, t.poll_interval_ms
+                 FROM task_events e JOIN tasks t ON t.seq = e.task_seq
+                WHERE t.owner = $1 AND e.id > $2 ORDER BY e.id LIMIT $3"#,
+            owner,
+            after_id,
+            limit
+        )
+        .fetch_all(&self.pool)
+        .await?;
+        text::rows(rows)
+    }
+
+    /// The newest change-feed position (0 when empty).
+    async fn task_events_head(&self) -> Result<i64, StoreError> {
+        let head =
+            sqlx::query_scalar!(r#"SELECT COALESCE(MAX(id), 0) AS "head!" FROM task_events"#)
+                .fetch_one(&self.pool)
+                .await?;
+        Ok(head)
+    }
+
+    /// How many non-terminal tasks `owner` has.
+    async fn task_count_open(&self, owner: &str) -> Result<i64, StoreError> {
+        let n = sqlx::query_scalar!(
+            r#"SELECT count(*) AS "n!" FROM tasks WHERE owner = $1 AND status IN ('working', 'input_required')"#,
+            owner
+        )
+        .fetch_one(&self.pool)
+        .await?;
+        Ok(n)
+    }
+}
+
+/// Reads of the change feed (see `feed.rs`).
+impl PostgresStore {
+    /// Progress-feed rows after `after_id`, oldest first.
+    pub(crate) async fn task_progress_since(
+        &self,
+        after_id: i64,
+        limit: i64,
+    ) -> Result<Vec<ProgressEvent>, StoreError> {
+        let rows = sqlx::query_as!(
+            ProgressEvent,
+            "SELECT id, task_id, progress, total, message FROM task_progress
+              WHERE id > $1 ORDER BY id LIMIT $2",
+            after_id,
+            limit
+        )
+        .fetch_all(&self.pool)
+        .await?;
+        Ok(rows)
+    }
+
+    /// The newest progress-feed position (0 when empty).
+    pub(crate) async fn task_progress_head(&self) -> Result<i64, StoreError> {
+        let head =
+            sqlx::query_scalar!(r#"SELECT COALESCE(MAX(id), 0) AS "head!" FROM task_progress"#)
+                .fetch_one(&self.pool)
+                .await?;
+        Ok(head)
+    }
+
+    /// Change-feed rows after `after_id`, oldest first.
+    pub(crate) async fn task_events_since(
+        &self,
+        after_id: i64,
+        limit: i64,
+    ) -> Result<Vec<TaskEvent>, StoreError> {
+        let rows = sqlx::query_as!(
+            TaskEventText,
+            r#"SELECT e.id, e.task_id, e.from_status, e.to_status, t.owner, e.message, e.at,
+                      t.created_at, t.ttl_ms, t.poll_interval_ms
+                 FROM task_events e JOIN tasks t ON t.seq = e.task_seq
+                WHERE e.id > $1 ORDER BY e.id LIMIT $2"#,
+            after_id,
+            limit
+        )
+        .fetch_all(&self.pool)
+        .await?;
+        text::rows(rows)
+    }
+}
+
+/// The statements of `task_create`, inside the caller's transaction (which
+/// holds the feed lock). The row as stored: the caller applies
+/// [`as_served`].
+pub(super) async fn create_in(
+    conn: &mut PgConnection,
+    new: &NewTask,
+    job: Option<NewJob>,
+    outcome: Option<&TaskOutcome>,
+    now: i64,
+) -> Result<TaskRow, StoreError> {
+    let expires_at = new.ttl_ms.map(|ttl| now.saturating_add(ttl));
+    let seq = sqlx::query_scalar!(
+        r#"INSERT INTO tasks (task_id, owner, tool, arguments, status, created_at, updated_at,
+                              ttl_ms, expires_at, poll_interval_ms, progress_token, session_id)
+           VALUES ($1, $2, $3, $4, 'working', $5, $5, $6, $7, $8, $9, $10)
+           RETURNING seq"#,
+        new.task_id,
+        new.owner,
+        new.tool,
+        new.arguments,
+        now,
+        new.ttl_ms,
+        expires_at,
+        new.poll_interval_ms,
+        new.progress_token,
+        new.session_id,
+    )
+    .fetch_one(&mut *conn)
+    .await?;
+    if let Some(job) = job {
+        sqlx::query!(
+            "INSERT INTO jobs (task_seq, tool, max_attempts, priority, run_after) VALUES ($1, $2, $3, $4, $5)",
+            seq,
+            new.tool,
+            job.max_attempts,
+            job.priority,
+            now
+        )
+        .execute(&mut *conn)
+        .await?;
+    }
+    if let Some(outcome) = outcome {
+        sqlx::query!(
+            "UPDATE tasks SET status = $1, status_message = $2, result = $3, result_kind = $4, updated_at = $5
+              WHERE seq = $6",
+            outcome.status.as_str(),
+            outcome.status_message,
+            outcome.result,
+            outcome.result_kind.as_str(),
+            now,
+            seq
+        )
+        .execute(&mut *conn)
+        .await?;
+    }
+    stored_task(conn, seq).await
+}
+
+/// A just-created row as reads of `tasks_as_served` will show it: while
+/// its job waits in the queue (`queued`: created with a job that no claim
+/// of the same commit took), a working task's statusMessage says so. The
+/// same rule as the view's, for rows returned by the insert itself.
+pub(super) fn as_served(mut row: TaskRow, queued: bool) -> TaskRow {
+    if queued && row.status == TaskStatus::Working {
+        row.status_message = Some("queued".to_owned());
+    }
+    row
+}
+
+/// A task as stored (not as served: see [`as_served`]).
+async fn stored_task(conn: &mut PgConnection, seq: i64) -> Result<TaskRow, StoreError> {
+    let row = sqlx::query_as!(
+        TaskText,
+        "SELECT seq, task_id, owner, tool, arguments, status, status_message,
+                created_at, updated_at, ttl_ms, expires_at, poll_interval_ms,
+                progress_token, result, result_kind
+           FROM tasks WHERE seq = $1",
+        seq
+    )
+    .fetch_one(conn)
+    .await?;
+    row.try_into()
+}
+
+/// A task as served (`tasks_as_served`).
+pub(super) async fn task_by_seq(conn: &mut PgConnection, seq: i64) -> Result<TaskRow, StoreError> {
+    let row = sqlx::query_as!(
+        TaskText,
+        r#"SELECT seq AS "seq!", task_id AS "task_id!", owner AS "owner!", tool AS "tool!",
+                  arguments AS "arguments!", status AS "status!", status_message,
+                  created_at AS "created_at!", updated_at AS "updated_at!", ttl_ms, expires_at,
+                  poll_interval_ms, progress_token, result, result_kind
+             FROM tasks_as_served WHERE seq = $1"#,
+        seq
+    )
+    .fetch_one(conn)
+    .await?;
+    row.try_into()
+}

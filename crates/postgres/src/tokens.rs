@@ -1,0 +1,89 @@
+//! SQL for `tokens`: bearer tokens, stored as hashes.
+
+use async_trait::async_trait;
+use taskbroker_storage::*;
+
+use crate::PostgresStore;
+
+#[async_trait]
+impl TokenStore for PostgresStore {
+    /// Store a new token.
+    async fn token_create(
+        &self,
+        token_id: &str,
+        principal: &str,
+        secret_hash: &[u8],
+        expires_at: Option<i64>,
+        now: i64,
+    ) -> Result<(), StoreError> {
+        sqlx::query!(
+            "INSERT INTO tokens (token_id, principal, secret_hash, created_at, expires_at) VALUES ($1, $2, $3, $4, $5)",
+            token_id,
+            principal,
+            secret_hash,
+            now,
+            expires_at
+        )
+        .execute(&self.pool)
+        .await?;
+        Ok(())
+    }
+
+    /// One token by id.
+    async fn token_get(&self, token_id: &str) -> Result<Option<TokenRow>, StoreError> {
+        let row = sqlx::query_as!(
+            TokenRow,
+            "SELECT token_id, principal, secret_hash, created_at, expires_at, revoked_at, last_used_at
+               FROM tokens WHERE token_id = $1",
+            token_id
+        )
+        .fetch_optional(&self.pool)
+        .await?;
+        Ok(row)
+    }
+
+    /// Every token, newest first. (The text must differ from the SQLite
+    /// driver's: offline query data is keyed by the query's text.)
+    async fn token_list(&self) -> Result<Vec<TokenRow>, StoreError> {
+        let rows = sqlx::query_as!(
+            TokenRow,
+            "SELECT token_id, principal, secret_hash, created_at, expires_at, revoked_at, last_used_at
+               FROM tokens ORDER BY created_at DESC, token_id"
+        )
+        .fetch_all(&self.pool)
+        .await?;
+        Ok(rows)
+    }
+
+    /// Revoke a token; false when unknown or already revoked.
+    async fn token_revoke(&self, token_id: &str, now: i64) -> Result<bool, StoreError> {
+        let done = sqlx::query!(
+            "UPDATE tokens SET revoked_at = $1 WHERE token_id = $2 AND revoked_at IS NULL",
+            now,
+            token_id
+        )
+        .execute(&self.pool)
+        .await?;
+        Ok(done.rows_affected() == 1)
+    }
+
+    /// Whether any token exists (then every request must carry one).
+    async fn tokens_exist(&self) -> Result<bool, StoreError> {
+        let any = sqlx::query_scalar!(r#"SELECT EXISTS (SELECT FROM tokens) AS "any!: bool""#)
+            .fetch_one(&self.pool)
+            .await?;
+        Ok(any)
+    }
+
+    /// Note a token's use.
+    async fn token_touch(&self, token_id: &str, now: i64) -> Result<(), StoreError> {
+        sqlx::query!(
+            "UPDATE tokens SET last_used_at = $1 WHERE token_id = $2",
+            now,
+            token_id
+        )
+        .execute(&self.pool)
+        .await?;
+        Ok(())
+    }
+}
