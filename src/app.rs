@@ -138,7 +138,7 @@ impl Core {
         kind: WorkerKind,
     ) -> WorkerPool {
         WorkerPool::new(
-            self.store.clone(),
+            self.broker.pool_records(),
             self.broker.tools().clone(),
             self.broker.feed().clone(),
             WorkerConfig {

@@ -20,7 +20,7 @@ use taskbroker::server::ServerConfig;
 use taskbroker::store::Durability;
 use taskbroker::tools::{Tool, conformance_tools, demo_tools};
 
-/// A durable MCP task broker: tasks, results and history in SQLite.
+/// A durable MCP task broker: tasks, results and history in SQLite or PostgreSQL.
 #[derive(Debug, Parser)]
 #[command(name = "taskbroker", version, about)]
 struct Cli {
@@ -36,7 +36,7 @@ enum Command {
     Worker(WorkerArgs),
     /// Create or upgrade the database schema, then exit.
     Migrate {
-        /// SQLite database file.
+        /// The database: a SQLite file or a postgres://user@host/dbname URL.
         #[arg(long, env = "TASKBROKER_DB", default_value = "taskbroker.db")]
         db: PathBuf,
     },
@@ -63,13 +63,13 @@ enum TokenCommand {
         /// Lifetime, e.g. "30d", "12h" [default: never expires].
         #[arg(long)]
         expires: Option<humantime::Duration>,
-        /// SQLite database file.
+        /// The database: a SQLite file or a postgres://user@host/dbname URL.
         #[arg(long, env = "TASKBROKER_DB", default_value = "taskbroker.db")]
         db: PathBuf,
     },
     /// List tokens (never their secrets).
     List {
-        /// SQLite database file.
+        /// The database: a SQLite file or a postgres://user@host/dbname URL.
         #[arg(long, env = "TASKBROKER_DB", default_value = "taskbroker.db")]
         db: PathBuf,
     },
@@ -77,7 +77,7 @@ enum TokenCommand {
     Revoke {
         /// The token id.
         id: String,
-        /// SQLite database file.
+        /// The database: a SQLite file or a postgres://user@host/dbname URL.
         #[arg(long, env = "TASKBROKER_DB", default_value = "taskbroker.db")]
         db: PathBuf,
     },
@@ -88,7 +88,9 @@ struct ServeArgs {
     /// Config file (taskbroker.toml): settings and command tools.
     #[arg(long, env = "TASKBROKER_CONFIG")]
     config: Option<PathBuf>,
-    /// SQLite database file, created and migrated on first start [default: taskbroker.db].
+    /// The database: a SQLite file (created and migrated on first start), or a
+    /// postgres://user@host/dbname URL (the database must exist; it is migrated)
+    /// [default: taskbroker.db].
     #[arg(long, env = "TASKBROKER_DB")]
     db: Option<PathBuf>,
     /// Address to listen on; port 0 picks a free port [default: 127.0.0.1:8808].
@@ -193,7 +195,8 @@ struct WorkerArgs {
     /// Config file (taskbroker.toml): the same tools as the server.
     #[arg(long, env = "TASKBROKER_CONFIG")]
     config: Option<PathBuf>,
-    /// SQLite database file; must exist with the current schema [default: taskbroker.db].
+    /// The database: a SQLite file or a postgres://user@host/dbname URL; it must
+    /// have the current schema [default: taskbroker.db].
     #[arg(long, env = "TASKBROKER_DB")]
     db: Option<PathBuf>,
     /// Jobs run at once, all tools together (a tool's own `concurrency` may

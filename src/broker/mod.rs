@@ -22,8 +22,8 @@ use crate::clock::now_ms;
 use crate::defaults;
 use crate::mcp::{ErrorCode, RpcError};
 use crate::store::{
-    AnswerOutcome, CancelOutcome, NewJob, NewTask, ProgressEvent, ResultKind, Store, StoreError,
-    TaskEvent, TaskMessage, TaskOutcome, TaskRow,
+    AnswerOutcome, CancelOutcome, Driver, NewJob, NewTask, ProgressEvent, ResultKind, Store,
+    StoreError, TaskEvent, TaskMessage, TaskOutcome, TaskRow,
 };
 use crate::tools::{Registry, TaskSupport, Tool, ToolOutcome};
 use open_tasks::OpenTasks;
@@ -151,27 +151,6 @@ pub enum BrokerError {
     /// The database failed.
     #[error(transparent)]
     Store(#[from] StoreError),
-}
-
-impl BrokerError {
-    /// The JSON-RPC error for this refusal; `verb` prefixes task lookups
-    /// ("Failed to retrieve task: Task not found").
-    pub fn to_rpc(&self, verb: &str) -> RpcError {
-        match self {
-            Self::NotFound | Self::Expired => {
-                RpcError::invalid_params(format!("Failed to {verb} task: {self}"))
-            }
-            Self::InvalidCursor
-            | Self::Terminal(_)
-            | Self::UnknownTool(_)
-            | Self::InvalidParams(_) => RpcError::invalid_params(self.to_string()),
-            Self::TaskForbidden(_) | Self::TaskRequired(_) => {
-                RpcError::new(ErrorCode::MethodNotFound, self.to_string())
-            }
-            Self::Limit(_) => RpcError::new(ErrorCode::Other(-32000), self.to_string()),
-            Self::Store(_) | Self::ShuttingDown => RpcError::internal(),
-        }
-    }
 }
 
 /// The task engine of one process.
@@ -305,13 +284,14 @@ impl Broker {
         writer: Writer,
         job_queued: Arc<Notify>,
     ) -> Self {
+        let shared = store.driver() == Driver::Postgres;
         Self {
             writer,
             store,
             tools,
             feed,
             job_queued,
-            open_tasks: Arc::new(OpenTasks::new(config.max_open_tasks)),
+            open_tasks: Arc::new(OpenTasks::new(config.max_open_tasks, shared)),
             config,
         }
     }
@@ -327,6 +307,10 @@ impl Broker {
     /// The bearer tokens, for authentication and `taskbroker token`.
     pub fn tokens(&self) -> records::TokenRecords {
         records::TokenRecords::new(self.store.clone())
+    }
+    /// A worker pool's rows and leases.
+    pub fn pool_records(&self) -> records::PoolRecords {
+        records::PoolRecords::new(self.store.clone())
     }
     /// The newest position of the status-change feed (a GET stream that
     /// resumes nothing starts there).

@@ -15,6 +15,7 @@ use crate::mcp::{
     self, CallToolParams, ErrorCode, PaginatedParams, RequestId, RpcError, TaskIdParams,
     parse_params,
 };
+use crate::server::refusals::RpcRefusal;
 use crate::tools::{LogLevel, ToolOutcome};
 
 /// Something to put on a request's SSE stream before its response.

@@ -11,6 +11,7 @@ mod dispatch;
 mod limits;
 mod notify;
 mod origin;
+mod refusals;
 mod sessions;
 mod sse;
 mod streams;

@@ -10,12 +10,13 @@ use serde_json::Value;
 use tokio::sync::{Notify, mpsc};
 use tokio_util::sync::CancellationToken;
 
+use crate::broker::records::PoolRecords;
 use crate::broker::slots::{Slot, Slots};
 use crate::broker::{Feed, FeedEvent, HandedOff, Handoff, Writer, outcome_to_record};
 use crate::clock::now_ms;
 use crate::mcp::RpcError;
 use crate::store::{
-    ClaimedJob, NewWorker, Store, StoreError, TaskMessage, TaskStatus, WorkerKind, WorkerState,
+    ClaimedJob, NewWorker, StoreError, TaskMessage, TaskStatus, WorkerKind, WorkerState,
 };
 use crate::tools::{Registry, ToolContext, ToolEvent, ToolOutcome};
 
@@ -40,7 +41,8 @@ pub struct WorkerConfig {
 /// A pool of job runners in this process.
 #[derive(Debug, Clone)]
 pub struct WorkerPool {
-    store: Store,
+    /// Its rows and leases, through the broker.
+    store: PoolRecords,
     tools: Arc<Registry>,
     feed: Feed,
     config: WorkerConfig,
@@ -66,7 +68,7 @@ const IDLE_MIN: Duration = Duration::from_millis(50);
 impl WorkerPool {
     /// A pool; `job_queued` wakes it early.
     pub fn new(
-        store: Store,
+        store: PoolRecords,
         tools: Arc<Registry>,
         feed: Feed,
         config: WorkerConfig,

@@ -376,10 +376,16 @@ pub(super) async fn create_in(
 /// A just-created row as reads of `tasks_as_served` will show it: while
 /// its job waits in the queue (`queued`: created with a job that no claim
 /// of the same commit took), a working task's statusMessage says so. The
-/// same rule as the view's, for rows returned by the insert itself.
+/// same rule as the view's, for rows returned by the insert itself. A row
+/// read back through the view before a claim of the same commit took its
+/// job (the one-by-one path) loses the word: the new run has said nothing.
 pub(super) fn as_served(mut row: TaskRow, queued: bool) -> TaskRow {
-    if queued && row.status == TaskStatus::Working {
-        row.status_message = Some("queued".to_owned());
+    if row.status == TaskStatus::Working {
+        if queued {
+            row.status_message = Some("queued".to_owned());
+        } else if row.status_message.as_deref() == Some("queued") {
+            row.status_message = None;
+        }
     }
     row
 }
