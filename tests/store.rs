@@ -1,31 +1,52 @@
-//! Store tests against real SQLite files: one fresh database file per test,
-//! in its own temporary directory.
+//! Store tests, one suite for both drivers: every test that is not about a
+//! SQLite file as such runs twice, as `<test>::sqlite` on a fresh SQLite
+//! file in a temporary directory, and as `<test>::postgres` on a fresh
+//! PostgreSQL database of its own (`common/pg.rs`; where no server answers
+//! the PostgreSQL case is skipped with one line on stderr, unless
+//! `TASKBROKER_REQUIRE_POSTGRES=1` makes it fail). A test is an
+//! `async fn <test>(db: TestDb)` (or `(fresh: FreshDb)` for a database not
+//! opened yet) followed by `store_test!(<test>)`, which makes the two.
+//! Run alone: `sqlite_open_creates_the_file_in_wal_mode` (about the SQLite
+//! file itself) and `durability_parses_case_insensitively` (no database).
 //!
-//! Every public function of `taskbroker::store::Store` is exercised here.
-//! Time is never read from the clock: `now` is a parameter of every store
-//! call, so the tests drive it explicitly (`T0`, `T0 + LEASE_MS + 1`, ...).
+//! `store::open`, `store::open_existing`, `store::migrate` and every method
+//! of a `Store` (the `Storage` trait and the traits it gathers, and the
+//! `ChangeFeed` it opens) are exercised here, on both drivers. Time is never
+//! read from the clock: `now` is a parameter of every store call, so the
+//! tests drive it explicitly (`T0`, `T0 + LEASE_MS + 1`, ...).
 //!
 //! Spec ids named below: T-9 (a task starts working), T-11 (allowed
 //! transitions, terminal immutability), T-13 (lastUpdatedAt moves, never
 //! backwards), T-17/T-18 (tasks/list pagination), T-22 (cancelled stays
-//! cancelled), T-33/T-34 (ttl and purge).
+//! cancelled), T-27 (a new attempt abandons old requests), T-33/T-34 (ttl
+//! and purge).
 //!
-//! The `raw_sql_*` tests bypass the store and talk to the migrated file with a
-//! plain `SqlitePool`: the database itself must refuse what the lifecycle
-//! rules forbid.
+//! The `raw_sql_*` tests, and helpers such as `history` and `job`, bypass
+//! the store and talk to the migrated database with a plain pool of its
+//! driver ([`Raw`]), as an operator's sqlite3 or psql shell would: the
+//! database itself must refuse what the lifecycle rules forbid. Raw SQL
+//! uses `$1`-style placeholders, which SQLite accepts too. Trigger refusals
+//! carry the same text on both databases; CHECK refusals are worded by
+//! each database ([`check_refusal`]).
 
 #![allow(clippy::unwrap_used)] // tests: a failed unwrap is a failed test
 
+mod common;
+
 use std::collections::HashSet;
+use std::future::Future;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::time::Duration;
 
-use sqlx::SqlitePool;
-use sqlx::sqlite::{SqliteConnectOptions, SqlitePoolOptions};
+use common::pg::PgDb;
+use sqlx::FromRow;
+use sqlx::postgres::{PgPool, PgPoolOptions, PgRow};
+use sqlx::sqlite::{SqliteConnectOptions, SqlitePool, SqlitePoolOptions, SqliteRow};
 use taskbroker::store::{
-    self, CancelOutcome, ClaimedJob, Durability, NewJob, NewSession, NewTask, RescueReport,
-    ResultKind, Store, StoreError, TaskOutcome, TaskRow, TaskStatus, ToolQuota, Write, Written,
+    self, AnswerOutcome, CancelOutcome, ClaimedJob, Driver, Durability, NewJob, NewSession,
+    NewTask, NewWorker, RescueReport, ResultKind, Store, StoreError, TaskMessage, TaskOutcome,
+    TaskRow, TaskStatus, ToolQuota, WorkerKind, WorkerState, Write, Written,
 };
 use tempfile::TempDir;
 use tokio_util::sync::CancellationToken;
@@ -44,37 +65,273 @@ const JOB: NewJob = NewJob {
     priority: 0,
 };
 
-// Helpers -------------------------------------------------------------------
+// Both drivers ----------------------------------------------------------------
 
-/// A fresh, migrated database file and a store on it. The directory (and the
-/// file) is removed when this is dropped.
-struct TestDb {
-    _dir: TempDir,
-    path: PathBuf,
-    store: Store,
+/// `store_test!(name)` after `async fn name(db: TestDb)` (or
+/// `(fresh: FreshDb)`): the tests `name::sqlite` and `name::postgres`, each
+/// giving the body a database of its own. `store_test!(#[multi_thread]
+/// name)`: the same on a two-thread runtime.
+macro_rules! store_test {
+    (#[multi_thread] $name:ident) => {
+        store_test!(@tests $name, #[tokio::test(flavor = "multi_thread", worker_threads = 2)]);
+    };
+    ($name:ident) => {
+        store_test!(@tests $name, #[tokio::test]);
+    };
+    (@tests $name:ident, #[$test:meta]) => {
+        mod $name {
+            #[$test]
+            async fn sqlite() {
+                super::run(super::Driver::Sqlite, super::$name).await;
+            }
+
+            #[$test]
+            async fn postgres() {
+                super::run(super::Driver::Postgres, super::$name).await;
+            }
+        }
+    };
 }
 
-impl TestDb {
-    async fn new() -> Self {
-        let dir = tempfile::tempdir().expect("create temp dir");
-        let path = dir.path().join("broker.db");
-        let store = store::open(&path, Durability::Full)
-            .await
-            .expect("open store");
-        Self {
-            _dir: dir,
-            path,
-            store,
+/// Run `body` on a database of `driver` made for it. Where the driver is
+/// PostgreSQL and no server answers, return at once: `common::pg` said so
+/// on stderr, once (or panicked, under `TASKBROKER_REQUIRE_POSTGRES`).
+async fn run<D: Setup, F: Future<Output = ()>>(driver: Driver, body: impl FnOnce(D) -> F) {
+    if let Some(db) = D::setup(driver).await {
+        body(db).await;
+    }
+}
+
+/// What a test body starts from.
+trait Setup: Sized {
+    /// A new one, or `None` when `driver` cannot be reached here.
+    async fn setup(driver: Driver) -> Option<Self>;
+}
+
+impl Setup for FreshDb {
+    async fn setup(driver: Driver) -> Option<Self> {
+        Self::create(driver)
+    }
+}
+
+impl Setup for TestDb {
+    async fn setup(driver: Driver) -> Option<Self> {
+        Some(Self::open(FreshDb::create(driver)?).await)
+    }
+}
+
+/// An empty database of one driver, not opened yet: a file name in a
+/// temporary directory (SQLite), or an empty database of its own on the
+/// test server (PostgreSQL). Removed when this is dropped.
+struct FreshDb {
+    driver: Driver,
+    /// What `--db` says: the file's path, or the database's URL.
+    location: PathBuf,
+    _keep: Keep,
+}
+
+/// What a test database lives in.
+enum Keep {
+    Dir(TempDir),
+    Server(PgDb),
+}
+
+impl FreshDb {
+    /// `None` when `driver` is PostgreSQL and no server answers.
+    fn create(driver: Driver) -> Option<Self> {
+        match driver {
+            Driver::Sqlite => {
+                let dir = tempfile::tempdir().expect("create temp dir");
+                Some(Self {
+                    driver,
+                    location: dir.path().join("broker.db"),
+                    _keep: Keep::Dir(dir),
+                })
+            }
+            Driver::Postgres => {
+                let pg = PgDb::create()?;
+                Some(Self {
+                    driver,
+                    location: PathBuf::from(&pg.url),
+                    _keep: Keep::Server(pg),
+                })
+            }
         }
     }
 
-    /// A plain pool on the same file, outside the store (a sqlite3 shell).
-    async fn raw(&self) -> SqlitePool {
-        raw_pool(&self.path).await
+    /// A database of the same driver that does not exist: a file never
+    /// made beside this one, or a database the server does not have.
+    fn missing(&self) -> PathBuf {
+        match &self._keep {
+            Keep::Dir(dir) => dir.path().join("missing.db"),
+            Keep::Server(pg) => PathBuf::from(format!("{}_missing", pg.url)),
+        }
     }
 }
 
-async fn raw_pool(path: &Path) -> SqlitePool {
+/// A fresh, migrated database and a store on it, removed when this is
+/// dropped. (Fields drop in order: the store before its database.)
+struct TestDb {
+    store: Store,
+    fresh: FreshDb,
+}
+
+impl TestDb {
+    async fn open(fresh: FreshDb) -> Self {
+        let store = store::open(&fresh.location, Durability::Full)
+            .await
+            .expect("open store");
+        Self { store, fresh }
+    }
+
+    fn driver(&self) -> Driver {
+        self.fresh.driver
+    }
+
+    /// What `--db` says for this database.
+    fn location(&self) -> &Path {
+        &self.fresh.location
+    }
+
+    /// A plain pool on the same database, outside the store.
+    async fn raw(&self) -> Raw {
+        Raw::open(self.driver(), self.location()).await
+    }
+}
+
+// Raw SQL, beside the store ------------------------------------------------------
+
+/// A plain pool on a test database, outside the store, as an operator's
+/// sqlite3 or psql shell would use it. Its methods run the same SQL on
+/// either database: write placeholders as `$1`, `$2`...
+enum Raw {
+    Sqlite(SqlitePool),
+    Postgres(PgPool),
+}
+
+/// A value bound to a `$n` placeholder of raw SQL.
+#[derive(Debug, Clone)]
+enum Arg {
+    Int(i64),
+    Text(Option<String>),
+}
+
+impl From<i64> for Arg {
+    fn from(v: i64) -> Self {
+        Self::Int(v)
+    }
+}
+
+impl From<&str> for Arg {
+    fn from(v: &str) -> Self {
+        Self::Text(Some(v.to_owned()))
+    }
+}
+
+impl From<String> for Arg {
+    fn from(v: String) -> Self {
+        Self::Text(Some(v))
+    }
+}
+
+impl From<Option<&str>> for Arg {
+    fn from(v: Option<&str>) -> Self {
+        Self::Text(v.map(str::to_owned))
+    }
+}
+
+/// `args![a, b]`: the values of `$1`, `$2` for a [`Raw`] statement.
+macro_rules! args {
+    ($($arg:expr),* $(,)?) => {
+        &[$(Arg::from($arg)),*]
+    };
+}
+
+/// `on_pool!(raw, |pool| body)`: `body` with `pool` the raw pool, compiled
+/// once per driver (a `SqlitePool`, then a `PgPool`).
+macro_rules! on_pool {
+    ($raw:expr, |$pool:ident| $body:expr) => {
+        match $raw {
+            Raw::Sqlite($pool) => $body,
+            Raw::Postgres($pool) => $body,
+        }
+    };
+}
+
+/// `bind_all!(query, args)`: the query with every argument bound in order.
+macro_rules! bind_all {
+    ($query:expr, $args:expr) => {{
+        let mut query = $query;
+        for arg in $args {
+            query = match arg {
+                Arg::Int(v) => query.bind(*v),
+                Arg::Text(v) => query.bind(v.clone()),
+            };
+        }
+        query
+    }};
+}
+
+impl Raw {
+    async fn open(driver: Driver, location: &Path) -> Self {
+        match driver {
+            Driver::Sqlite => Self::Sqlite(raw_sqlite(location).await),
+            Driver::Postgres => Self::Postgres(
+                PgPoolOptions::new()
+                    .max_connections(1)
+                    .connect(&location.to_string_lossy())
+                    .await
+                    .expect("open raw pool"),
+            ),
+        }
+    }
+
+    /// Run one statement; how many rows it changed.
+    async fn execute(&self, sql: &'static str, args: &[Arg]) -> Result<u64, sqlx::Error> {
+        on_pool!(self, |pool| bind_all!(sqlx::query(sql), args)
+            .execute(pool)
+            .await
+            .map(|done| done.rows_affected()))
+    }
+
+    /// The one value of a one-row, one-column query.
+    async fn scalar<T>(&self, sql: &'static str, args: &[Arg]) -> Result<T, sqlx::Error>
+    where
+        T: Send + Unpin,
+        (T,): for<'r> FromRow<'r, SqliteRow> + for<'r> FromRow<'r, PgRow>,
+    {
+        on_pool!(self, |pool| bind_all!(sqlx::query_scalar(sql), args)
+            .fetch_one(pool)
+            .await)
+    }
+
+    /// Every row, as tuples.
+    async fn rows<T>(&self, sql: &'static str, args: &[Arg]) -> Result<Vec<T>, sqlx::Error>
+    where
+        T: Send + Unpin + for<'r> FromRow<'r, SqliteRow> + for<'r> FromRow<'r, PgRow>,
+    {
+        on_pool!(self, |pool| bind_all!(sqlx::query_as(sql), args)
+            .fetch_all(pool)
+            .await)
+    }
+
+    /// The row, if there is one.
+    async fn row<T>(&self, sql: &'static str, args: &[Arg]) -> Result<Option<T>, sqlx::Error>
+    where
+        T: Send + Unpin + for<'r> FromRow<'r, SqliteRow> + for<'r> FromRow<'r, PgRow>,
+    {
+        on_pool!(self, |pool| bind_all!(sqlx::query_as(sql), args)
+            .fetch_optional(pool)
+            .await)
+    }
+
+    async fn close(&self) {
+        on_pool!(self, |pool| pool.close().await)
+    }
+}
+
+/// A plain pool on a SQLite file (a sqlite3 shell).
+async fn raw_sqlite(path: &Path) -> SqlitePool {
     let options = SqliteConnectOptions::new()
         .filename(path)
         .busy_timeout(Duration::from_secs(10));
@@ -84,6 +341,36 @@ async fn raw_pool(path: &Path) -> SqlitePool {
         .await
         .expect("open raw pool")
 }
+
+/// What a refusal by a CHECK constraint says: SQLite quotes the
+/// constraint's expression, PostgreSQL names the constraint.
+fn check_refusal(driver: Driver, sqlite_expression: &str, postgres_name: &str) -> String {
+    match driver {
+        Driver::Sqlite => format!("CHECK constraint failed: {sqlite_expression}"),
+        Driver::Postgres => format!("violates check constraint \"{postgres_name}\""),
+    }
+}
+
+/// How many migration files the repository has for `driver`.
+fn migration_files(driver: Driver) -> usize {
+    let dir = format!(
+        "{}/migrations/{}",
+        env!("CARGO_MANIFEST_DIR"),
+        driver.as_str()
+    );
+    std::fs::read_dir(dir)
+        .unwrap()
+        .filter(|e| {
+            e.as_ref()
+                .unwrap()
+                .file_name()
+                .to_string_lossy()
+                .ends_with(".sql")
+        })
+        .count()
+}
+
+// Helpers -------------------------------------------------------------------
 
 fn new_task(task_id: &str, owner: &str) -> NewTask {
     NewTask {
@@ -137,19 +424,18 @@ fn new_session(session_id: &str) -> NewSession {
 type HistoryRow = (Option<String>, String, Option<String>, i64);
 
 /// The status history of a task, oldest first.
-async fn history(pool: &SqlitePool, task_id: &str) -> Vec<HistoryRow> {
-    sqlx::query_as(
-        "SELECT from_status, to_status, message, at FROM task_events WHERE task_id = ? ORDER BY id",
+async fn history(raw: &Raw, task_id: &str) -> Vec<HistoryRow> {
+    raw.rows(
+        "SELECT from_status, to_status, message, at FROM task_events WHERE task_id = $1 ORDER BY id",
+        args![task_id],
     )
-    .bind(task_id)
-    .fetch_all(pool)
     .await
     .expect("read history")
 }
 
 /// Just the (from, to) pairs of a task's history.
-async fn transitions(pool: &SqlitePool, task_id: &str) -> Vec<(Option<String>, String)> {
-    history(pool, task_id)
+async fn transitions(raw: &Raw, task_id: &str) -> Vec<(Option<String>, String)> {
+    history(raw, task_id)
         .await
         .into_iter()
         .map(|(from, to, _, _)| (from, to))
@@ -190,16 +476,16 @@ type JobTuple = (
     Option<i64>,
 );
 
-async fn job(pool: &SqlitePool, task_seq: i64) -> Option<JobState> {
-    let row: Option<JobTuple> = sqlx::query_as(
-        "SELECT state, attempt, max_attempts, priority, run_after, lease_owner, lease_token,
-                lease_expires_at, cancel_requested, last_error, finished_at
-           FROM jobs WHERE task_seq = ?",
-    )
-    .bind(task_seq)
-    .fetch_optional(pool)
-    .await
-    .expect("read job");
+async fn job(raw: &Raw, task_seq: i64) -> Option<JobState> {
+    let row: Option<JobTuple> = raw
+        .row(
+            "SELECT state, attempt, max_attempts, priority, run_after, lease_owner, lease_token,
+                    lease_expires_at, cancel_requested, last_error, finished_at
+               FROM jobs WHERE task_seq = $1",
+            args![task_seq],
+        )
+        .await
+        .expect("read job");
     row.map(|r| JobState {
         state: r.0,
         attempt: r.1,
@@ -215,12 +501,14 @@ async fn job(pool: &SqlitePool, task_seq: i64) -> Option<JobState> {
     })
 }
 
-async fn count_rows(pool: &SqlitePool, sql: &'static str, task_seq: i64) -> i64 {
-    sqlx::query_scalar(sql)
-        .bind(task_seq)
-        .fetch_one(pool)
-        .await
-        .expect("count rows")
+/// `SELECT COUNT(*)`-style query with `$1` = `task_seq`.
+async fn count_rows(raw: &Raw, sql: &'static str, task_seq: i64) -> i64 {
+    raw.scalar(sql, args![task_seq]).await.expect("count rows")
+}
+
+/// How many rows `table` has (`sql` is `SELECT COUNT(*) FROM <table>`).
+async fn count_all(raw: &Raw, sql: &'static str) -> i64 {
+    raw.scalar(sql, args![]).await.expect("count rows")
 }
 
 async fn get(store: &Store, task_id: &str) -> TaskRow {
@@ -231,7 +519,6 @@ async fn get(store: &Store, task_id: &str) -> TaskRow {
         .unwrap_or_else(|| panic!("task {task_id} not found"))
 }
 
-/// Claim exactly one job and return it.
 /// A claim's quota for the tool of [`new_task`]: `n` jobs of `echo`.
 fn echo(n: i64) -> Vec<ToolQuota> {
     vec![ToolQuota {
@@ -241,6 +528,7 @@ fn echo(n: i64) -> Vec<ToolQuota> {
     }]
 }
 
+/// Claim exactly one job and return it.
 async fn claim_one(store: &Store, worker: &str, token: &str, now: i64) -> ClaimedJob {
     let mut jobs = store
         .job_claim_available(worker, token, &echo(1), 1, LEASE_MS, now)
@@ -273,8 +561,25 @@ fn assert_refused<T>(result: Result<T, sqlx::Error>, expected: &str) {
     }
 }
 
+/// The store must refuse the write with a database error whose text holds
+/// `expected`.
+#[track_caller]
+fn assert_db_refused<T: std::fmt::Debug>(result: Result<T, StoreError>, expected: &str) {
+    match result {
+        Err(StoreError::Db(e)) => {
+            let msg = e.to_string();
+            assert!(
+                msg.contains(expected),
+                "error {msg:?} does not contain {expected:?}"
+            );
+        }
+        other => panic!("expected a StoreError::Db containing {expected:?}, got {other:?}"),
+    }
+}
+
 /// The two trigger texts a status change of a terminal task can meet: both
-/// triggers apply, and which one SQLite fires first is its own business.
+/// rules apply, and which one the database reports first is its own
+/// business.
 const T11_TERMINAL: &str = "task is in a terminal status and cannot change (T-11)";
 const T11_TRANSITION: &str = "illegal task status transition (T-11)";
 
@@ -293,38 +598,7 @@ fn assert_refused_any<T>(result: Result<T, sqlx::Error>, expected: &[&str]) {
     }
 }
 
-// open / migrate / close ------------------------------------------------------
-
-#[tokio::test]
-async fn open_creates_wal_database_and_data_survives_reopen() {
-    let dir = tempfile::tempdir().unwrap();
-    let path = dir.path().join("fresh.db");
-    assert!(!path.exists());
-
-    let store = store::open(&path, Durability::Full).await.unwrap();
-    assert!(path.exists(), "open creates the file");
-    assert_eq!(store.describe(), path.display().to_string());
-    store
-        .task_create(&new_task("t-1", "alice"), Some(JOB), None, T0)
-        .await
-        .unwrap();
-    store.close().await;
-
-    let raw = raw_pool(&path).await;
-    let mode: String = sqlx::query_scalar("PRAGMA journal_mode")
-        .fetch_one(&raw)
-        .await
-        .unwrap();
-    assert_eq!(mode, "wal");
-    raw.close().await;
-
-    // Reopen (with the other durability): the task is still there.
-    let store = store::open(&path, Durability::Normal).await.unwrap();
-    let row = get(&store, "t-1").await;
-    assert_eq!(row.status, TaskStatus::Working);
-    assert_eq!(row.owner, "alice");
-    store.close().await;
-}
+// open / open_existing / migrate / close ------------------------------------------
 
 #[tokio::test]
 async fn durability_parses_case_insensitively() {
@@ -335,14 +609,60 @@ async fn durability_parses_case_insensitively() {
     assert!(err.contains("fast"), "{err}");
 }
 
+/// SQLite only: `open` makes the file, in WAL mode.
 #[tokio::test]
-async fn open_two_handles_concurrently_on_a_fresh_file() {
-    // Two processes starting at once on a new file both migrate it.
+async fn sqlite_open_creates_the_file_in_wal_mode() {
     let dir = tempfile::tempdir().unwrap();
-    let path = dir.path().join("race.db");
+    let path = dir.path().join("fresh.db");
+    assert!(!path.exists());
+    let store = store::open(&path, Durability::Full).await.unwrap();
+    assert!(path.exists(), "open creates the file");
+    store.close().await;
+
+    let raw = raw_sqlite(&path).await;
+    let mode: String = sqlx::query_scalar("PRAGMA journal_mode")
+        .fetch_one(&raw)
+        .await
+        .unwrap();
+    assert_eq!(mode, "wal");
+    raw.close().await;
+}
+
+async fn open_then_reopen_keeps_the_data(fresh: FreshDb) {
+    let store = store::open(&fresh.location, Durability::Full)
+        .await
+        .unwrap();
+    assert_eq!(store.driver(), fresh.driver);
+    let location = fresh.location.display().to_string();
+    let described = match fresh.driver {
+        Driver::Sqlite => location,
+        Driver::Postgres => store::without_password(&location),
+    };
+    assert_eq!(store.describe(), described);
+    store
+        .task_create(&new_task("t-1", "alice"), Some(JOB), None, T0)
+        .await
+        .unwrap();
+    store.close().await;
+
+    // Reopen (with the other durability): the task is still there.
+    let store = store::open(&fresh.location, Durability::Normal)
+        .await
+        .unwrap();
+    let row = get(&store, "t-1").await;
+    assert_eq!(row.status, TaskStatus::Working);
+    assert_eq!(row.owner, "alice");
+    store.close().await;
+}
+store_test!(open_then_reopen_keeps_the_data);
+
+/// Two processes starting at once on a new database both migrate it: the
+/// migrations are applied once (SQLite: the loser retries; PostgreSQL: a
+/// lock makes them take turns).
+async fn open_two_handles_concurrently_on_a_fresh_database(fresh: FreshDb) {
     let (a, b) = tokio::join!(
-        store::open(&path, Durability::Full),
-        store::open(&path, Durability::Full)
+        store::open(&fresh.location, Durability::Full),
+        store::open(&fresh.location, Durability::Full)
     );
     let a = a.expect("first open");
     let b = b.expect("second open");
@@ -350,67 +670,124 @@ async fn open_two_handles_concurrently_on_a_fresh_file() {
         .await
         .unwrap();
     assert_eq!(get(&b, "t-a").await.task_id, "t-a");
-    let raw = raw_pool(&path).await;
-    let applied: i64 = sqlx::query_scalar("SELECT COUNT(*) FROM refinery_schema_history")
-        .fetch_one(&raw)
-        .await
-        .unwrap();
+    let raw = Raw::open(fresh.driver, &fresh.location).await;
+    let applied = count_all(&raw, "SELECT COUNT(*) FROM refinery_schema_history").await;
     assert_eq!(
         applied as usize,
-        migration_files(),
+        migration_files(fresh.driver),
         "each migration is recorded once"
     );
+    raw.close().await;
+    a.close().await;
+    b.close().await;
 }
+store_test!(open_two_handles_concurrently_on_a_fresh_database);
 
-/// How many migration files the repository has.
-fn migration_files() -> usize {
-    std::fs::read_dir(concat!(env!("CARGO_MANIFEST_DIR"), "/migrations/sqlite"))
-        .unwrap()
-        .filter(|e| {
-            e.as_ref()
-                .unwrap()
-                .file_name()
-                .to_string_lossy()
-                .ends_with(".sql")
-        })
-        .count()
-}
-
-#[tokio::test]
-async fn migrate_applies_once_then_nothing() {
-    let dir = tempfile::tempdir().unwrap();
-    let path = dir.path().join("migrate.db");
-    let files = migration_files();
+async fn migrate_applies_once_then_nothing(fresh: FreshDb) {
+    let db = &fresh.location;
+    let files = migration_files(fresh.driver);
     assert_eq!(
-        store::migrate(&path).await.unwrap(),
+        store::migrate(db).await.unwrap(),
         files,
-        "fresh file: every migration"
+        "fresh database: every migration"
     );
-    assert_eq!(store::migrate(&path).await.unwrap(), 0, "second run: none");
+    assert_eq!(store::migrate(db).await.unwrap(), 0, "second run: none");
 
     // open migrates too, and finds nothing to do.
-    let store = store::open(&path, Durability::Full).await.unwrap();
-    assert_eq!(store::migrate(&path).await.unwrap(), 0);
+    let store = store::open(db, Durability::Full).await.unwrap();
+    assert_eq!(store::migrate(db).await.unwrap(), 0);
     store
         .task_create(&new_task("t-1", "alice"), None, None, T0)
         .await
         .unwrap();
     store.close().await;
 
-    let raw = raw_pool(&path).await;
-    let versions: Vec<i64> =
-        sqlx::query_scalar("SELECT version FROM refinery_schema_history ORDER BY version")
-            .fetch_all(&raw)
-            .await
-            .unwrap();
+    let raw = Raw::open(fresh.driver, db).await;
+    let versions: Vec<(i64,)> = raw
+        .rows(
+            "SELECT CAST(version AS BIGINT) FROM refinery_schema_history ORDER BY version",
+            args![],
+        )
+        .await
+        .unwrap();
+    let versions: Vec<i64> = versions.into_iter().map(|(v,)| v).collect();
     assert_eq!(versions, (1..=files as i64).collect::<Vec<_>>());
+    raw.close().await;
 }
+store_test!(migrate_applies_once_then_nothing);
+
+/// `open_existing` (worker processes) never migrates: it refuses a
+/// database without the schema, or with a newer one, and opens one whose
+/// schema is exactly this build's.
+async fn open_existing_opens_only_a_database_of_this_schema(fresh: FreshDb) {
+    let db = &fresh.location;
+    if fresh.driver == Driver::Sqlite {
+        // An empty database, as the PostgreSQL one is: SQLite's is an
+        // empty file.
+        std::fs::write(db, b"").unwrap();
+    }
+    match store::open_existing(db, Durability::Full).await {
+        Err(StoreError::Schema(msg)) => {
+            assert!(msg.contains("no taskbroker schema yet"), "{msg}");
+            assert!(msg.contains("taskbroker migrate --db"), "{msg}");
+        }
+        other => panic!("expected a schema error, got {other:?}"),
+    }
+
+    store::migrate(db).await.unwrap();
+    let store = store::open_existing(db, Durability::Normal).await.unwrap();
+    assert_eq!(store.driver(), fresh.driver);
+    store
+        .task_create(&new_task("t-1", "alice"), None, None, T0)
+        .await
+        .unwrap();
+    assert_eq!(get(&store, "t-1").await.owner, "alice");
+    store.close().await;
+
+    // A newer taskbroker migrated it further: this build stays off.
+    let raw = Raw::open(fresh.driver, db).await;
+    raw.execute(
+        "INSERT INTO refinery_schema_history (version, name, applied_on, checksum)
+         VALUES (999, 'from_a_newer_build', '2030-01-01T00:00:00Z', '0')",
+        args![],
+    )
+    .await
+    .unwrap();
+    raw.close().await;
+    match store::open_existing(db, Durability::Full).await {
+        Err(StoreError::Schema(msg)) => {
+            assert!(msg.contains("(version 999) is newer"), "{msg}");
+        }
+        other => panic!("expected a schema error, got {other:?}"),
+    }
+}
+store_test!(open_existing_opens_only_a_database_of_this_schema);
+
+/// `open_existing` creates nothing: a file or database that does not exist
+/// is an error that says so.
+async fn open_existing_refuses_a_database_that_does_not_exist(fresh: FreshDb) {
+    let missing = fresh.missing();
+    match store::open_existing(&missing, Durability::Full).await {
+        Err(StoreError::Open { path, reason }) => {
+            let location = missing.display().to_string();
+            let expected = match fresh.driver {
+                Driver::Sqlite => location,
+                Driver::Postgres => store::without_password(&location),
+            };
+            assert_eq!(path, expected);
+            assert!(reason.contains("does not exist"), "{reason}");
+        }
+        other => panic!("expected an open error, got {other:?}"),
+    }
+    if fresh.driver == Driver::Sqlite {
+        assert!(!missing.exists(), "nothing was created");
+    }
+}
+store_test!(open_existing_refuses_a_database_that_does_not_exist);
 
 // task_create / task_get -----------------------------------------------------
 
-#[tokio::test]
-async fn task_create_without_job_starts_working_t9() {
-    let db = TestDb::new().await;
+async fn task_create_without_job_starts_working_t9(db: TestDb) {
     let raw = db.raw().await;
     let mut new = new_task_ttl("t-1", "alice", 60_000);
     new.progress_token = Some(r#""tok-7""#.to_owned());
@@ -452,10 +829,9 @@ async fn task_create_without_job_starts_working_t9() {
         .unwrap();
     assert!(claimed.is_empty());
 }
+store_test!(task_create_without_job_starts_working_t9);
 
-#[tokio::test]
-async fn task_create_with_job_queues_it() {
-    let db = TestDb::new().await;
+async fn task_create_with_job_queues_it(db: TestDb) {
     let raw = db.raw().await;
     let job_spec = NewJob {
         max_attempts: 5,
@@ -486,10 +862,9 @@ async fn task_create_with_job_queues_it() {
         })
     );
 }
+store_test!(task_create_with_job_queues_it);
 
-#[tokio::test]
-async fn task_create_with_outcome_history_shows_working_then_failed_t9() {
-    let db = TestDb::new().await;
+async fn task_create_with_outcome_history_shows_working_then_failed_t9(db: TestDb) {
     let raw = db.raw().await;
     let outcome = failed_outcome("arguments do not match the tool's input schema");
     let row = db
@@ -523,10 +898,9 @@ async fn task_create_with_outcome_history_shows_working_then_failed_t9() {
     );
     assert_eq!(get(&db.store, "t-bad").await, row);
 }
+store_test!(task_create_with_outcome_history_shows_working_then_failed_t9);
 
-#[tokio::test]
-async fn task_create_duplicate_task_id_is_refused_and_writes_nothing() {
-    let db = TestDb::new().await;
+async fn task_create_duplicate_task_id_is_refused_and_writes_nothing(db: TestDb) {
     let raw = db.raw().await;
     db.store
         .task_create(&new_task("t-1", "alice"), Some(JOB), None, T0)
@@ -539,23 +913,16 @@ async fn task_create_duplicate_task_id_is_refused_and_writes_nothing() {
         .unwrap_err();
     assert!(matches!(err, StoreError::Db(_)), "{err:?}");
     assert_eq!(get(&db.store, "t-1").await.owner, "alice");
-    let tasks: i64 = sqlx::query_scalar("SELECT COUNT(*) FROM tasks")
-        .fetch_one(&raw)
-        .await
-        .unwrap();
-    let jobs: i64 = sqlx::query_scalar("SELECT COUNT(*) FROM jobs")
-        .fetch_one(&raw)
-        .await
-        .unwrap();
+    let tasks = count_all(&raw, "SELECT COUNT(*) FROM tasks").await;
+    let jobs = count_all(&raw, "SELECT COUNT(*) FROM jobs").await;
     assert_eq!((tasks, jobs), (1, 1), "the failed transaction left nothing");
     assert_eq!(history(&raw, "t-1").await.len(), 1);
 }
+store_test!(task_create_duplicate_task_id_is_refused_and_writes_nothing);
 
 // task_list_page ---------------------------------------------------------------
 
-#[tokio::test]
-async fn task_list_page_newest_first_keyset_by_before_seq_t17_t18() {
-    let db = TestDb::new().await;
+async fn task_list_page_newest_first_keyset_by_before_seq_t17_t18(db: TestDb) {
     // Seven tasks for alice, interleaved with bob's.
     let mut alice_seqs = Vec::new();
     for i in 0..7 {
@@ -637,10 +1004,9 @@ async fn task_list_page_newest_first_keyset_by_before_seq_t17_t18() {
             .is_empty()
     );
 }
+store_test!(task_list_page_newest_first_keyset_by_before_seq_t17_t18);
 
-#[tokio::test]
-async fn task_list_page_excludes_expired_rows_t33() {
-    let db = TestDb::new().await;
+async fn task_list_page_excludes_expired_rows_t33(db: TestDb) {
     db.store
         .task_create(&new_task_ttl("short", "alice", 1_000), None, None, T0)
         .await
@@ -678,12 +1044,11 @@ async fn task_list_page_excludes_expired_rows_t33() {
         .unwrap();
     assert_eq!(ids(later), vec!["forever"]);
 }
+store_test!(task_list_page_excludes_expired_rows_t33);
 
 // task_cancel ------------------------------------------------------------------
 
-#[tokio::test]
-async fn task_cancel_not_found_for_other_owner_or_unknown_id() {
-    let db = TestDb::new().await;
+async fn task_cancel_not_found_for_other_owner_or_unknown_id(db: TestDb) {
     db.store
         .task_create(&new_task("t-1", "alice"), Some(JOB), None, T0)
         .await
@@ -708,10 +1073,9 @@ async fn task_cancel_not_found_for_other_owner_or_unknown_id() {
     );
     assert_eq!(row.updated_at, T0);
 }
+store_test!(task_cancel_not_found_for_other_owner_or_unknown_id);
 
-#[tokio::test]
-async fn task_cancel_terminal_for_completed_task_t11() {
-    let db = TestDb::new().await;
+async fn task_cancel_terminal_for_completed_task_t11(db: TestDb) {
     let raw = db.raw().await;
     let row = db
         .store
@@ -744,10 +1108,9 @@ async fn task_cancel_terminal_for_completed_task_t11() {
         vec![tr(None, "working"), tr(Some("working"), "completed")]
     );
 }
+store_test!(task_cancel_terminal_for_completed_task_t11);
 
-#[tokio::test]
-async fn task_cancel_finishes_a_queued_job() {
-    let db = TestDb::new().await;
+async fn task_cancel_finishes_a_queued_job(db: TestDb) {
     let raw = db.raw().await;
     let row = db
         .store
@@ -816,10 +1179,9 @@ async fn task_cancel_finishes_a_queued_job() {
     }
     assert_eq!(history(&raw, "t-1").await.len(), 2);
 }
+store_test!(task_cancel_finishes_a_queued_job);
 
-#[tokio::test]
-async fn task_cancel_running_job_requests_stop_and_keeps_it_running() {
-    let db = TestDb::new().await;
+async fn task_cancel_running_job_requests_stop_and_keeps_it_running(db: TestDb) {
     let raw = db.raw().await;
     let row = db
         .store
@@ -842,10 +1204,9 @@ async fn task_cancel_running_job_requests_stop_and_keeps_it_running() {
     assert_eq!(j.lease_token.as_deref(), Some("lease-1"));
     assert_eq!(j.finished_at, None);
 }
+store_test!(task_cancel_running_job_requests_stop_and_keeps_it_running);
 
-#[tokio::test]
-async fn task_cancel_without_job_and_never_moves_updated_at_backwards_t13() {
-    let db = TestDb::new().await;
+async fn task_cancel_without_job_and_never_moves_updated_at_backwards_t13(db: TestDb) {
     db.store
         .task_create(&new_task("t-1", "alice"), None, None, T0)
         .await
@@ -863,12 +1224,11 @@ async fn task_cancel_without_job_and_never_moves_updated_at_backwards_t13() {
     assert_eq!(row.status, TaskStatus::Cancelled);
     assert_eq!(row.updated_at, T0);
 }
+store_test!(task_cancel_without_job_and_never_moves_updated_at_backwards_t13);
 
 // task_set_status_message ------------------------------------------------------
 
-#[tokio::test]
-async fn task_set_status_message_with_lease_moves_updated_at_t13() {
-    let db = TestDb::new().await;
+async fn task_set_status_message_with_lease_moves_updated_at_t13(db: TestDb) {
     let raw = db.raw().await;
     let row = db
         .store
@@ -898,10 +1258,9 @@ async fn task_set_status_message_with_lease_moves_updated_at_t13() {
     // A message is not a transition: no history row.
     assert_eq!(history(&raw, "t-1").await.len(), 1);
 }
+store_test!(task_set_status_message_with_lease_moves_updated_at_t13);
 
-#[tokio::test]
-async fn task_set_status_message_lease_lost_with_wrong_token() {
-    let db = TestDb::new().await;
+async fn task_set_status_message_lease_lost_with_wrong_token(db: TestDb) {
     let row = db
         .store
         .task_create(&new_task("t-1", "alice"), Some(JOB), None, T0)
@@ -937,12 +1296,11 @@ async fn task_set_status_message_lease_lost_with_wrong_token() {
     );
     assert_eq!(get(&db.store, "t-1").await.status_message, None);
 }
+store_test!(task_set_status_message_lease_lost_with_wrong_token);
 
 // task_purge_expired -------------------------------------------------------------
 
-#[tokio::test]
-async fn task_purge_expired_deletes_task_job_and_history_t33_t34() {
-    let db = TestDb::new().await;
+async fn task_purge_expired_deletes_task_job_and_history_t33_t34(db: TestDb) {
     let raw = db.raw().await;
     let short = db
         .store
@@ -995,7 +1353,7 @@ async fn task_purge_expired_deletes_task_job_and_history_t33_t34() {
         assert_eq!(
             count_rows(
                 &raw,
-                "SELECT COUNT(*) FROM task_events WHERE task_seq = ?",
+                "SELECT COUNT(*) FROM task_events WHERE task_seq = $1",
                 seq
             )
             .await,
@@ -1020,20 +1378,38 @@ async fn task_purge_expired_deletes_task_job_and_history_t33_t34() {
     assert_eq!(db.store.task_get("long").await.unwrap(), None);
     assert!(db.store.task_get("forever").await.unwrap().is_some());
 
-    // A purged seq is never handed out again (AUTOINCREMENT).
-    let next = db
+    // A purged seq is never handed out again, not even the newest task's
+    // (SQLite: AUTOINCREMENT; PostgreSQL: an identity).
+    let newest = db
         .store
-        .task_create(&new_task("next", "alice"), None, None, T0 + 10_000_001)
+        .task_create(
+            &new_task_ttl("newest", "alice", 1),
+            None,
+            None,
+            T0 + 10_000_001,
+        )
         .await
         .unwrap();
-    assert!(next.seq > forever.seq);
+    assert!(newest.seq > forever.seq);
+    assert_eq!(
+        db.store
+            .task_purge_expired(T0 + 10_000_002, 100)
+            .await
+            .unwrap(),
+        1
+    );
+    let next = db
+        .store
+        .task_create(&new_task("next", "alice"), None, None, T0 + 10_000_003)
+        .await
+        .unwrap();
+    assert!(next.seq > newest.seq, "{} reused", next.seq);
 }
+store_test!(task_purge_expired_deletes_task_job_and_history_t33_t34);
 
 // change feed: change_feed (version, next_events, next_progress) / task_events_head
 
-#[tokio::test]
-async fn change_feed_follows_every_transition_from_the_head() {
-    let db = TestDb::new().await;
+async fn change_feed_follows_every_transition_from_the_head(db: TestDb) {
     assert_eq!(db.store.task_events_head().await.unwrap(), 0, "empty feed");
     let mut feed = db
         .store
@@ -1093,49 +1469,71 @@ async fn change_feed_follows_every_transition_from_the_head() {
     assert_eq!(tail.iter().map(|e| e.id).collect::<Vec<_>>(), vec![3, 4]);
     assert!(feed.next_events(100).await.unwrap().is_empty(), "read once");
 }
+store_test!(change_feed_follows_every_transition_from_the_head);
 
-#[tokio::test]
-async fn change_feed_version_moves_when_another_handle_commits() {
-    let db = TestDb::new().await;
+/// `ChangeFeed::version` stays while nothing is committed and moves after a
+/// commit the feed reads (at once on SQLite; when the notification arrives
+/// on PostgreSQL: a process kicks its own feed after its commits, so it
+/// never waits for that).
+async fn change_feed_version_moves_after_a_commit(db: TestDb) {
     let shutdown = CancellationToken::new();
     let mut feed = db.store.change_feed(shutdown.clone()).await.unwrap();
     let v1 = feed.version().await.unwrap();
     assert_eq!(feed.version().await.unwrap(), v1, "no commit, no change");
 
-    // A commit through this store.
     db.store
         .task_create(&new_task("t-1", "alice"), None, None, T0)
         .await
         .unwrap();
-    let v2 = feed.version().await.unwrap();
-    assert_ne!(v2, v1);
+    let deadline = std::time::Instant::now() + Duration::from_secs(10);
+    while feed.version().await.unwrap() == v1 {
+        assert!(
+            std::time::Instant::now() < deadline,
+            "the version never moved after a commit"
+        );
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    assert_eq!(feed.next_events(10).await.unwrap().len(), 1);
+    shutdown.cancel();
+}
+store_test!(change_feed_version_moves_after_a_commit);
 
-    // A commit from another handle on the database (another process),
-    // announced as a process does after its commits: the feed's remote
-    // signal fires.
-    let other = store::open(&db.path, Durability::Full).await.unwrap();
+/// A commit from another handle on the database (another process),
+/// announced as a process does after its commits: the feed's remote signal
+/// fires, its version moves, and it reads what the other handle wrote.
+async fn change_feed_wakes_when_another_handle_commits(db: TestDb) {
+    let shutdown = CancellationToken::new();
+    let mut feed = db.store.change_feed(shutdown.clone()).await.unwrap();
+    let v1 = feed.version().await.unwrap();
+
+    let other = store::open(db.location(), Durability::Full).await.unwrap();
     let other_feed = other.change_feed(shutdown.clone()).await.unwrap();
     let remote = feed.remote();
     let woken = remote.notified();
-    other.session_create(&new_session("s-1"), T0).await.unwrap();
+    other
+        .task_create(&new_task("t-other", "alice"), Some(JOB), None, T0)
+        .await
+        .unwrap();
     other.announce_commit();
     tokio::time::timeout(Duration::from_secs(10), woken)
         .await
         .expect("the other handle's commit wakes this feed");
-    let v3 = feed.version().await.unwrap();
-    assert_ne!(v3, v2);
+    assert_ne!(feed.version().await.unwrap(), v1);
 
     let events = feed.next_events(10).await.unwrap();
-    assert_eq!(events.len(), 1);
+    let got: Vec<(&str, TaskStatus)> = events
+        .iter()
+        .map(|e| (e.task_id.as_str(), e.to_status))
+        .collect();
+    assert_eq!(got, vec![("t-other", TaskStatus::Working)]);
     shutdown.cancel();
     // A feed holds a connection of its own: drop it before closing.
     drop(other_feed);
     other.close().await;
 }
+store_test!(change_feed_wakes_when_another_handle_commits);
 
-#[tokio::test]
-async fn change_feed_reads_progress_reports_in_order() {
-    let db = TestDb::new().await;
+async fn change_feed_reads_progress_reports_in_order(db: TestDb) {
     let mut feed = db
         .store
         .change_feed(CancellationToken::new())
@@ -1175,12 +1573,11 @@ async fn change_feed_reads_progress_reports_in_order() {
     );
     assert!(feed.next_progress(10).await.unwrap().is_empty());
 }
+store_test!(change_feed_reads_progress_reports_in_order);
 
 // sessions -----------------------------------------------------------------------
 
-#[tokio::test]
-async fn session_create_get_touch_end() {
-    let db = TestDb::new().await;
+async fn session_create_get_touch_end(db: TestDb) {
     assert_eq!(db.store.session_get("s-1").await.unwrap(), None);
 
     let new = new_session("s-1");
@@ -1229,22 +1626,26 @@ async fn session_create_get_touch_end() {
     // Duplicate ids are refused.
     assert!(db.store.session_create(&new, T0).await.is_err());
 }
+store_test!(session_create_get_touch_end);
 
-#[tokio::test]
-async fn session_create_refuses_invalid_json() {
-    let db = TestDb::new().await;
+async fn session_create_refuses_invalid_json(db: TestDb) {
     let mut bad = new_session("s-bad");
     bad.client_info = "{not json".to_owned();
-    let err = db.store.session_create(&bad, T0).await.unwrap_err();
-    assert!(err.to_string().contains("CHECK constraint failed"), "{err}");
+    assert_db_refused(
+        db.store.session_create(&bad, T0).await,
+        &check_refusal(
+            db.driver(),
+            "json_valid(client_info)",
+            "sessions_client_info_check",
+        ),
+    );
     assert_eq!(db.store.session_get("s-bad").await.unwrap(), None);
 }
+store_test!(session_create_refuses_invalid_json);
 
 // job_claim_available -------------------------------------------------------------
 
-#[tokio::test]
-async fn job_claim_available_priority_then_age() {
-    let db = TestDb::new().await;
+async fn job_claim_available_priority_then_age(db: TestDb) {
     let raw = db.raw().await;
     // (task id, priority), created in this order.
     let specs = [
@@ -1310,10 +1711,9 @@ async fn job_claim_available_priority_then_age() {
             .is_empty()
     );
 }
+store_test!(job_claim_available_priority_then_age);
 
-#[tokio::test]
-async fn job_claim_available_respects_limit() {
-    let db = TestDb::new().await;
+async fn job_claim_available_respects_limit(db: TestDb) {
     for i in 0..5 {
         db.store
             .task_create(
@@ -1356,10 +1756,9 @@ async fn job_claim_available_respects_limit() {
             .is_empty()
     );
 }
+store_test!(job_claim_available_respects_limit);
 
-#[tokio::test]
-async fn job_claim_available_skips_run_after_in_the_future() {
-    let db = TestDb::new().await;
+async fn job_claim_available_skips_run_after_in_the_future(db: TestDb) {
     // run_after = creation time.
     db.store
         .task_create(&new_task("early", "alice"), Some(JOB), None, T0)
@@ -1403,12 +1802,11 @@ async fn job_claim_available_skips_run_after_in_the_future() {
         vec!["late"]
     );
 }
+store_test!(job_claim_available_skips_run_after_in_the_future);
 
 // job_heartbeat ----------------------------------------------------------------------
 
-#[tokio::test]
-async fn job_heartbeat_extends_lease() {
-    let db = TestDb::new().await;
+async fn job_heartbeat_extends_lease(db: TestDb) {
     let raw = db.raw().await;
     let row = db
         .store
@@ -1444,10 +1842,9 @@ async fn job_heartbeat_extends_lease() {
     assert_eq!(j.state, "running");
     assert_eq!(j.lease_token.as_deref(), Some("lease-1"));
 }
+store_test!(job_heartbeat_extends_lease);
 
-#[tokio::test]
-async fn job_heartbeat_reports_cancel_requested() {
-    let db = TestDb::new().await;
+async fn job_heartbeat_reports_cancel_requested(db: TestDb) {
     let row = db
         .store
         .task_create(&new_task("t-1", "alice"), Some(JOB), None, T0)
@@ -1471,10 +1868,9 @@ async fn job_heartbeat_reports_cancel_requested() {
         .unwrap();
     assert!(hb.cancel_requested, "the worker learns of the cancel");
 }
+store_test!(job_heartbeat_reports_cancel_requested);
 
-#[tokio::test]
-async fn job_heartbeat_lease_lost_with_wrong_token() {
-    let db = TestDb::new().await;
+async fn job_heartbeat_lease_lost_with_wrong_token(db: TestDb) {
     let raw = db.raw().await;
     let row = db
         .store
@@ -1515,12 +1911,11 @@ async fn job_heartbeat_lease_lost_with_wrong_token() {
             .await,
     );
 }
+store_test!(job_heartbeat_lease_lost_with_wrong_token);
 
 // job_complete -------------------------------------------------------------------------
 
-#[tokio::test]
-async fn job_complete_records_outcome_and_closes_job() {
-    let db = TestDb::new().await;
+async fn job_complete_records_outcome_and_closes_job(db: TestDb) {
     let raw = db.raw().await;
     let row = db
         .store
@@ -1565,10 +1960,9 @@ async fn job_complete_records_outcome_and_closes_job() {
     );
     assert_eq!(get(&db.store, "t-1").await, after);
 }
+store_test!(job_complete_records_outcome_and_closes_job);
 
-#[tokio::test]
-async fn job_complete_with_wrong_token_writes_nothing() {
-    let db = TestDb::new().await;
+async fn job_complete_with_wrong_token_writes_nothing(db: TestDb) {
     let raw = db.raw().await;
     let row = db
         .store
@@ -1600,10 +1994,9 @@ async fn job_complete_with_wrong_token_writes_nothing() {
             .unwrap()
     );
 }
+store_test!(job_complete_with_wrong_token_writes_nothing);
 
-#[tokio::test]
-async fn job_complete_after_cancel_returns_false_and_task_stays_cancelled_t22() {
-    let db = TestDb::new().await;
+async fn job_complete_after_cancel_returns_false_and_task_stays_cancelled_t22(db: TestDb) {
     let raw = db.raw().await;
     let row = db
         .store
@@ -1638,10 +2031,9 @@ async fn job_complete_after_cancel_returns_false_and_task_stays_cancelled_t22() 
         vec![tr(None, "working"), tr(Some("working"), "cancelled")]
     );
 }
+store_test!(job_complete_after_cancel_returns_false_and_task_stays_cancelled_t22);
 
-#[tokio::test]
-async fn job_complete_by_stale_worker_after_rescue_is_fenced() {
-    let db = TestDb::new().await;
+async fn job_complete_by_stale_worker_after_rescue_is_fenced(db: TestDb) {
     let raw = db.raw().await;
     let row = db
         .store
@@ -1687,12 +2079,11 @@ async fn job_complete_by_stale_worker_after_rescue_is_fenced() {
     );
     assert_eq!(get(&db.store, "t-1").await.status, TaskStatus::Completed);
 }
+store_test!(job_complete_by_stale_worker_after_rescue_is_fenced);
 
 // job_finish_cancelled --------------------------------------------------------------------
 
-#[tokio::test]
-async fn job_finish_cancelled_closes_the_job_fenced() {
-    let db = TestDb::new().await;
+async fn job_finish_cancelled_closes_the_job_fenced(db: TestDb) {
     let raw = db.raw().await;
     let row = db
         .store
@@ -1732,12 +2123,11 @@ async fn job_finish_cancelled_closes_the_job_fenced() {
             .await,
     );
 }
+store_test!(job_finish_cancelled_closes_the_job_fenced);
 
 // job_rescue_expired ------------------------------------------------------------------------
 
-#[tokio::test]
-async fn job_rescue_expired_leaves_live_leases_alone() {
-    let db = TestDb::new().await;
+async fn job_rescue_expired_leaves_live_leases_alone(db: TestDb) {
     let raw = db.raw().await;
     let row = db
         .store
@@ -1764,10 +2154,9 @@ async fn job_rescue_expired_leaves_live_leases_alone() {
     assert_eq!(j.state, "running");
     assert_eq!(j.lease_token.as_deref(), Some("lease-1"));
 }
+store_test!(job_rescue_expired_leaves_live_leases_alone);
 
-#[tokio::test]
-async fn job_rescue_expired_requeues_with_backoff_while_attempts_remain() {
-    let db = TestDb::new().await;
+async fn job_rescue_expired_requeues_with_backoff_while_attempts_remain(db: TestDb) {
     let raw = db.raw().await;
     let row = db
         .store
@@ -1836,10 +2225,9 @@ async fn job_rescue_expired_requeues_with_backoff_while_attempts_remain() {
     assert!(j2.run_after <= rescue2 + 2 * BACKOFF_MS + JITTER_MAX_MS);
     assert_eq!(j2.last_error.as_deref(), Some("lease expired on attempt 2"));
 }
+store_test!(job_rescue_expired_requeues_with_backoff_while_attempts_remain);
 
-#[tokio::test]
-async fn job_rescue_expired_fails_task_when_attempts_are_exhausted() {
-    let db = TestDb::new().await;
+async fn job_rescue_expired_fails_task_when_attempts_are_exhausted(db: TestDb) {
     let raw = db.raw().await;
     let row = db
         .store
@@ -1939,10 +2327,9 @@ async fn job_rescue_expired_fails_task_when_attempts_are_exhausted() {
             .is_empty()
     );
 }
+store_test!(job_rescue_expired_fails_task_when_attempts_are_exhausted);
 
-#[tokio::test]
-async fn job_rescue_expired_closes_jobs_of_cancelled_tasks_t22() {
-    let db = TestDb::new().await;
+async fn job_rescue_expired_closes_jobs_of_cancelled_tasks_t22(db: TestDb) {
     let raw = db.raw().await;
     let row = db
         .store
@@ -1989,10 +2376,9 @@ async fn job_rescue_expired_closes_jobs_of_cancelled_tasks_t22() {
             .is_empty()
     );
 }
+store_test!(job_rescue_expired_closes_jobs_of_cancelled_tasks_t22);
 
-#[tokio::test]
-async fn job_rescue_expired_mixed_batch_counts_each_kind() {
-    let db = TestDb::new().await;
+async fn job_rescue_expired_mixed_batch_counts_each_kind(db: TestDb) {
     let single = NewJob {
         max_attempts: 1,
         priority: 0,
@@ -2054,19 +2440,18 @@ async fn job_rescue_expired_mixed_batch_counts_each_kind() {
         TaskStatus::Cancelled
     );
 }
+store_test!(job_rescue_expired_mixed_batch_counts_each_kind);
 
-// Two claimers, two handles on one file -------------------------------------------------------
+// Two claimers, two handles on one database ---------------------------------------------------
 
-/// Two `Store` handles on one file, as two broker processes would have.
+/// Two `Store` handles on one database, as two broker processes would have.
 async fn two_handles(db: &TestDb) -> (Store, Store) {
-    let a = store::open(&db.path, Durability::Full).await.unwrap();
-    let b = store::open(&db.path, Durability::Full).await.unwrap();
+    let a = store::open(db.location(), Durability::Full).await.unwrap();
+    let b = store::open(db.location(), Durability::Full).await.unwrap();
     (a, b)
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn two_claimers_racing_for_one_job_exactly_one_wins() {
-    let db = TestDb::new().await;
+async fn two_claimers_racing_for_one_job_exactly_one_wins(db: TestDb) {
     let raw = db.raw().await;
     let (a, b) = two_handles(&db).await;
     let mut wins = (0u32, 0u32);
@@ -2131,10 +2516,12 @@ async fn two_claimers_racing_for_one_job_exactly_one_wins() {
     a.close().await;
     b.close().await;
 }
+store_test!(
+    #[multi_thread]
+    two_claimers_racing_for_one_job_exactly_one_wins
+);
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn two_claimers_draining_one_queue_never_share_a_job() {
-    let db = TestDb::new().await;
+async fn two_claimers_draining_one_queue_never_share_a_job(db: TestDb) {
     let (a, b) = two_handles(&db).await;
     let mut all = HashSet::new();
     for i in 0..40 {
@@ -2175,96 +2562,79 @@ async fn two_claimers_draining_one_queue_never_share_a_job() {
     a.close().await;
     b.close().await;
 }
+store_test!(
+    #[multi_thread]
+    two_claimers_draining_one_queue_never_share_a_job
+);
 
 // The database itself enforces the lifecycle (raw SQL) -------------------------------------------
 
 /// Insert a working task directly; returns its seq.
-async fn raw_insert_task(pool: &SqlitePool, task_id: &'static str, at: i64) -> i64 {
-    sqlx::query_scalar(
+async fn raw_insert_task(raw: &Raw, task_id: &'static str, at: i64) -> i64 {
+    raw.scalar(
         "INSERT INTO tasks (task_id, owner, tool, arguments, status, created_at, updated_at)
-         VALUES (?, 'alice', 'echo', '{}', 'working', ?, ?) RETURNING seq",
+         VALUES ($1, 'alice', 'echo', '{}', 'working', $2, $2) RETURNING seq",
+        args![task_id, at],
     )
-    .bind(task_id)
-    .bind(at)
-    .bind(at)
-    .fetch_one(pool)
     .await
     .expect("insert working task")
 }
 
 /// Move a task to a terminal status directly (an allowed transition).
-async fn raw_finish(pool: &SqlitePool, seq: i64, status: &'static str, at: i64) {
+async fn raw_finish(raw: &Raw, seq: i64, status: &'static str, at: i64) {
     let (result, kind) = match status {
         "completed" => (Some(r#"{"content":[]}"#), Some("result")),
         "failed" => (Some(r#"{"code":-32603,"message":"x"}"#), Some("error")),
         _ => (None, None),
     };
-    sqlx::query(
-        "UPDATE tasks SET status = ?, result = ?, result_kind = ?, updated_at = ? WHERE seq = ?",
+    raw.execute(
+        "UPDATE tasks SET status = $1, result = $2, result_kind = $3, updated_at = $4 WHERE seq = $5",
+        args![status, result, kind, at, seq],
     )
-    .bind(status)
-    .bind(result)
-    .bind(kind)
-    .bind(at)
-    .bind(seq)
-    .execute(pool)
     .await
     .expect("allowed transition to a terminal status");
 }
 
-#[tokio::test]
-async fn raw_sql_insert_must_start_working_t9() {
-    let db = TestDb::new().await;
+async fn raw_sql_insert_must_start_working_t9(db: TestDb) {
     let raw = db.raw().await;
     for status in ["completed", "failed", "cancelled", "input_required"] {
-        let result = sqlx::query(
-            "INSERT INTO tasks (task_id, owner, tool, arguments, status, created_at, updated_at)
-             VALUES (?, 'alice', 'echo', '{}', ?, 0, 0)",
-        )
-        .bind(format!("t-{status}"))
-        .bind(status)
-        .execute(&raw)
-        .await;
+        let result = raw
+            .execute(
+                "INSERT INTO tasks (task_id, owner, tool, arguments, status, created_at, updated_at)
+                 VALUES ($1, 'alice', 'echo', '{}', $2, 0, 0)",
+                args![format!("t-{status}"), status],
+            )
+            .await;
         assert_refused(result, "a task must start in status working (T-9)");
     }
-    let tasks: i64 = sqlx::query_scalar("SELECT COUNT(*) FROM tasks")
-        .fetch_one(&raw)
-        .await
-        .unwrap();
-    let events: i64 = sqlx::query_scalar("SELECT COUNT(*) FROM task_events")
-        .fetch_one(&raw)
-        .await
-        .unwrap();
+    let tasks = count_all(&raw, "SELECT COUNT(*) FROM tasks").await;
+    let events = count_all(&raw, "SELECT COUNT(*) FROM task_events").await;
     assert_eq!((tasks, events), (0, 0), "nothing inserted, no history");
 }
+store_test!(raw_sql_insert_must_start_working_t9);
 
-#[tokio::test]
-async fn raw_sql_allowed_transitions_write_one_history_row_each_t11() {
-    let db = TestDb::new().await;
+async fn raw_sql_allowed_transitions_write_one_history_row_each_t11(db: TestDb) {
     let raw = db.raw().await;
     let seq = raw_insert_task(&raw, "t-1", T0).await;
 
     // working -> working is not a transition: allowed, no history row.
-    sqlx::query("UPDATE tasks SET status = 'working', status_message = 'still going', updated_at = ? WHERE seq = ?")
-        .bind(T0 + 1)
-        .bind(seq)
-        .execute(&raw)
-        .await
-        .unwrap();
+    raw.execute(
+        "UPDATE tasks SET status = 'working', status_message = 'still going', updated_at = $1
+          WHERE seq = $2",
+        args![T0 + 1, seq],
+    )
+    .await
+    .unwrap();
     // working -> input_required -> working -> completed: all allowed.
     for (status, at) in [
         ("input_required", T0 + 2),
         ("working", T0 + 3),
         ("input_required", T0 + 4),
     ] {
-        sqlx::query(
-            "UPDATE tasks SET status = ?, status_message = ?, updated_at = ? WHERE seq = ?",
+        raw.execute(
+            "UPDATE tasks SET status = $1, status_message = $2, updated_at = $3 WHERE seq = $4",
+            args![status, format!("now {status}"), at, seq],
         )
-        .bind(status)
-        .bind(format!("now {status}"))
-        .bind(at)
-        .bind(seq)
-        .execute(&raw)
         .await
         .unwrap_or_else(|e| panic!("transition to {status} refused: {e}"));
     }
@@ -2311,12 +2681,12 @@ async fn raw_sql_allowed_transitions_write_one_history_row_each_t11() {
     ] {
         let seq = raw_insert_task(&raw, id, T0).await;
         if via_input {
-            sqlx::query("UPDATE tasks SET status = 'input_required', updated_at = ? WHERE seq = ?")
-                .bind(T0 + 1)
-                .bind(seq)
-                .execute(&raw)
-                .await
-                .unwrap();
+            raw.execute(
+                "UPDATE tasks SET status = 'input_required', updated_at = $1 WHERE seq = $2",
+                args![T0 + 1, seq],
+            )
+            .await
+            .unwrap();
         }
         raw_finish(&raw, seq, terminal, T0 + 2).await;
         let expected = if via_input {
@@ -2331,10 +2701,9 @@ async fn raw_sql_allowed_transitions_write_one_history_row_each_t11() {
         assert_eq!(transitions(&raw, id).await, expected, "{id}");
     }
 }
+store_test!(raw_sql_allowed_transitions_write_one_history_row_each_t11);
 
-#[tokio::test]
-async fn raw_sql_terminal_tasks_never_change_t11() {
-    let db = TestDb::new().await;
+async fn raw_sql_terminal_tasks_never_change_t11(db: TestDb) {
     let raw = db.raw().await;
     let mut seqs = Vec::new();
     for (id, status) in [
@@ -2350,10 +2719,11 @@ async fn raw_sql_terminal_tasks_never_change_t11() {
     for (id, seq, status) in seqs {
         let before = get(&db.store, id).await;
         // Back to working (also an illegal transition): refused.
-        let r = sqlx::query("UPDATE tasks SET status = 'working', updated_at = ? WHERE seq = ?")
-            .bind(T0 + 2)
-            .bind(seq)
-            .execute(&raw)
+        let r = raw
+            .execute(
+                "UPDATE tasks SET status = 'working', updated_at = $1 WHERE seq = $2",
+                args![T0 + 2, seq],
+            )
             .await;
         assert_refused_any(r, &[T11_TERMINAL, T11_TRANSITION]);
         // To another terminal status: refused.
@@ -2362,39 +2732,28 @@ async fn raw_sql_terminal_tasks_never_change_t11() {
         } else {
             "cancelled"
         };
-        let r = sqlx::query("UPDATE tasks SET status = ?, result = NULL, result_kind = NULL, updated_at = ? WHERE seq = ?")
-            .bind(other)
-            .bind(T0 + 2)
-            .bind(seq)
-            .execute(&raw)
+        let r = raw
+            .execute(
+                "UPDATE tasks SET status = $1, result = NULL, result_kind = NULL, updated_at = $2
+                  WHERE seq = $3",
+                args![other, T0 + 2, seq],
+            )
             .await;
         assert_refused_any(r, &[T11_TERMINAL, T11_TRANSITION]);
         // Any other column: refused by the terminal trigger.
-        let r = sqlx::query("UPDATE tasks SET status_message = 'rewritten' WHERE seq = ?")
-            .bind(seq)
-            .execute(&raw)
-            .await;
-        assert_refused(r, terminal_msg);
-        let r = sqlx::query("UPDATE tasks SET updated_at = updated_at + 1 WHERE seq = ?")
-            .bind(seq)
-            .execute(&raw)
-            .await;
-        assert_refused(r, terminal_msg);
-        let r = sqlx::query("UPDATE tasks SET poll_interval_ms = 1 WHERE seq = ?")
-            .bind(seq)
-            .execute(&raw)
-            .await;
-        assert_refused(r, terminal_msg);
-        // Even a no-op update of a terminal row is refused.
-        let r = sqlx::query("UPDATE tasks SET status = status WHERE seq = ?")
-            .bind(seq)
-            .execute(&raw)
-            .await;
-        assert_refused(r, terminal_msg);
+        for sql in [
+            "UPDATE tasks SET status_message = 'rewritten' WHERE seq = $1",
+            "UPDATE tasks SET updated_at = updated_at + 1 WHERE seq = $1",
+            "UPDATE tasks SET poll_interval_ms = 1 WHERE seq = $1",
+            // Even a no-op update of a terminal row is refused.
+            "UPDATE tasks SET status = status WHERE seq = $1",
+        ] {
+            let r = raw.execute(sql, args![seq]).await;
+            assert_refused(r, terminal_msg);
+        }
         if status != "cancelled" {
-            let r = sqlx::query("UPDATE tasks SET result = '{}' WHERE seq = ?")
-                .bind(seq)
-                .execute(&raw)
+            let r = raw
+                .execute("UPDATE tasks SET result = '{}' WHERE seq = $1", args![seq])
                 .await;
             assert_refused(r, terminal_msg);
         }
@@ -2402,94 +2761,95 @@ async fn raw_sql_terminal_tasks_never_change_t11() {
         assert_eq!(transitions(&raw, id).await.len(), 2, "{id}: no new history");
     }
 }
+store_test!(raw_sql_terminal_tasks_never_change_t11);
 
-#[tokio::test]
-async fn raw_sql_completed_to_working_refused_t11() {
-    let db = TestDb::new().await;
+async fn raw_sql_completed_to_working_refused_t11(db: TestDb) {
     let raw = db.raw().await;
     let seq = raw_insert_task(&raw, "t-1", T0).await;
     raw_finish(&raw, seq, "completed", T0 + 1).await;
-    let r = sqlx::query(
-        "UPDATE tasks SET status = 'working', result = NULL, result_kind = NULL WHERE seq = ?",
-    )
-    .bind(seq)
-    .execute(&raw)
-    .await;
+    let r = raw
+        .execute(
+            "UPDATE tasks SET status = 'working', result = NULL, result_kind = NULL WHERE seq = $1",
+            args![seq],
+        )
+        .await;
     assert_refused_any(r, &[T11_TERMINAL, T11_TRANSITION]);
     assert_eq!(get(&db.store, "t-1").await.status, TaskStatus::Completed);
 }
+store_test!(raw_sql_completed_to_working_refused_t11);
 
-#[tokio::test]
-async fn raw_sql_identity_columns_are_immutable() {
-    let db = TestDb::new().await;
+async fn raw_sql_identity_columns_are_immutable(db: TestDb) {
     let raw = db.raw().await;
     let seq = raw_insert_task(&raw, "t-1", T0).await;
     let before = get(&db.store, "t-1").await;
     let msg = "task identity columns are immutable";
     let statements: [&'static str; 7] = [
-        "UPDATE tasks SET task_id = 't-other' WHERE seq = ?",
-        "UPDATE tasks SET owner = 'mallory' WHERE seq = ?",
-        "UPDATE tasks SET created_at = created_at - 1 WHERE seq = ?",
-        "UPDATE tasks SET tool = 'rm' WHERE seq = ?",
-        "UPDATE tasks SET arguments = '{\"x\":1}' WHERE seq = ?",
-        "UPDATE tasks SET ttl_ms = 5, expires_at = created_at + 5 WHERE seq = ?",
-        "UPDATE tasks SET seq = seq + 1000 WHERE seq = ?",
+        "UPDATE tasks SET task_id = 't-other' WHERE seq = $1",
+        "UPDATE tasks SET owner = 'mallory' WHERE seq = $1",
+        "UPDATE tasks SET created_at = created_at - 1 WHERE seq = $1",
+        "UPDATE tasks SET tool = 'rm' WHERE seq = $1",
+        "UPDATE tasks SET arguments = '{\"x\":1}' WHERE seq = $1",
+        "UPDATE tasks SET ttl_ms = 5, expires_at = created_at + 5 WHERE seq = $1",
+        "UPDATE tasks SET seq = seq + 1000 WHERE seq = $1",
     ];
     for sql in statements {
-        let r = sqlx::query(sql).bind(seq).execute(&raw).await;
+        let r = raw.execute(sql, args![seq]).await;
         assert_refused(r, msg);
     }
     // Setting a column to its own value is not a change.
-    sqlx::query("UPDATE tasks SET owner = owner, task_id = task_id WHERE seq = ?")
-        .bind(seq)
-        .execute(&raw)
-        .await
-        .unwrap();
+    raw.execute(
+        "UPDATE tasks SET owner = owner, task_id = task_id WHERE seq = $1",
+        args![seq],
+    )
+    .await
+    .unwrap();
     assert_eq!(get(&db.store, "t-1").await, before);
 }
+store_test!(raw_sql_identity_columns_are_immutable);
 
-#[tokio::test]
-async fn raw_sql_updated_at_never_moves_backwards_t13() {
-    let db = TestDb::new().await;
+async fn raw_sql_updated_at_never_moves_backwards_t13(db: TestDb) {
     let raw = db.raw().await;
     let seq = raw_insert_task(&raw, "t-1", T0).await;
-    sqlx::query("UPDATE tasks SET updated_at = ? WHERE seq = ?")
-        .bind(T0 + 100)
-        .bind(seq)
-        .execute(&raw)
-        .await
-        .unwrap();
-    let r = sqlx::query("UPDATE tasks SET status_message = 'x', updated_at = ? WHERE seq = ?")
-        .bind(T0 + 99)
-        .bind(seq)
-        .execute(&raw)
+    raw.execute(
+        "UPDATE tasks SET updated_at = $1 WHERE seq = $2",
+        args![T0 + 100, seq],
+    )
+    .await
+    .unwrap();
+    let r = raw
+        .execute(
+            "UPDATE tasks SET status_message = 'x', updated_at = $1 WHERE seq = $2",
+            args![T0 + 99, seq],
+        )
         .await;
     assert_refused(r, "updated_at cannot move backwards");
     let row = get(&db.store, "t-1").await;
     assert_eq!(row.updated_at, T0 + 100);
     assert_eq!(row.status_message, None);
 }
+store_test!(raw_sql_updated_at_never_moves_backwards_t13);
 
-#[tokio::test]
-async fn raw_sql_task_events_are_append_only() {
-    let db = TestDb::new().await;
+async fn raw_sql_task_events_are_append_only(db: TestDb) {
     let raw = db.raw().await;
     let seq = raw_insert_task(&raw, "t-1", T0).await;
     raw_finish(&raw, seq, "completed", T0 + 1).await;
 
-    let r = sqlx::query("DELETE FROM task_events WHERE task_seq = ?")
-        .bind(seq)
-        .execute(&raw)
+    let r = raw
+        .execute("DELETE FROM task_events WHERE task_seq = $1", args![seq])
         .await;
     assert_refused(r, "task_events of an existing task cannot be deleted");
-    let r = sqlx::query("UPDATE task_events SET to_status = 'failed' WHERE task_seq = ?")
-        .bind(seq)
-        .execute(&raw)
+    let r = raw
+        .execute(
+            "UPDATE task_events SET to_status = 'failed' WHERE task_seq = $1",
+            args![seq],
+        )
         .await;
     assert_refused(r, "task_events is append-only");
-    let r = sqlx::query("UPDATE task_events SET message = 'edited' WHERE task_seq = ?")
-        .bind(seq)
-        .execute(&raw)
+    let r = raw
+        .execute(
+            "UPDATE task_events SET message = 'edited' WHERE task_seq = $1",
+            args![seq],
+        )
         .await;
     assert_refused(r, "task_events is append-only");
     assert_eq!(
@@ -2498,74 +2858,69 @@ async fn raw_sql_task_events_are_append_only() {
     );
 
     // Deleting the task (what the ttl purge does) takes its history along.
-    sqlx::query("DELETE FROM tasks WHERE seq = ?")
-        .bind(seq)
-        .execute(&raw)
+    raw.execute("DELETE FROM tasks WHERE seq = $1", args![seq])
         .await
         .unwrap();
     assert!(history(&raw, "t-1").await.is_empty());
 }
+store_test!(raw_sql_task_events_are_append_only);
 
-#[tokio::test]
-async fn raw_sql_unknown_status_value_refused_by_check() {
-    let db = TestDb::new().await;
+async fn raw_sql_unknown_status_value_refused_by_check(db: TestDb) {
     let raw = db.raw().await;
     let seq = raw_insert_task(&raw, "t-1", T0).await;
+    let update_to_done = "UPDATE tasks SET status = 'done', updated_at = $1 WHERE seq = $2";
+    let insert_done =
+        "INSERT INTO tasks (task_id, owner, tool, arguments, status, created_at, updated_at)
+                       VALUES ('t-done', 'alice', 'echo', '{}', 'done', 0, 0)";
 
     // Through the triggers, 'done' is refused (it is no allowed transition,
     // and no allowed initial status).
-    let r = sqlx::query("UPDATE tasks SET status = 'done', updated_at = ? WHERE seq = ?")
-        .bind(T0 + 1)
-        .bind(seq)
-        .execute(&raw)
-        .await;
+    let r = raw.execute(update_to_done, args![T0 + 1, seq]).await;
     assert_refused(r, T11_TRANSITION);
-    let r = sqlx::query(
-        "INSERT INTO tasks (task_id, owner, tool, arguments, status, created_at, updated_at)
-         VALUES ('t-done', 'alice', 'echo', '{}', 'done', 0, 0)",
-    )
-    .execute(&raw)
-    .await;
+    let r = raw.execute(insert_done, args![]).await;
     assert_refused(r, "a task must start in status working (T-9)");
 
     // Behind the triggers the CHECK itself holds: drop the triggers inside a
-    // transaction (rolled back), then try again.
-    let mut tx = raw.begin().await.unwrap();
-    sqlx::raw_sql(
-        "DROP TRIGGER tasks_insert_working;
-         DROP TRIGGER tasks_transition_allowed;",
-    )
-    .execute(&mut *tx)
-    .await
-    .unwrap();
-    let r = sqlx::query("UPDATE tasks SET status = 'done', updated_at = ? WHERE seq = ?")
-        .bind(T0 + 1)
-        .bind(seq)
-        .execute(&mut *tx)
-        .await;
-    assert_refused(r, "CHECK constraint failed");
-    let r = sqlx::query(
-        "INSERT INTO tasks (task_id, owner, tool, arguments, status, created_at, updated_at)
-         VALUES ('t-done', 'alice', 'echo', '{}', 'done', 0, 0)",
-    )
-    .execute(&mut *tx)
-    .await;
-    assert_refused(r, "CHECK constraint failed");
-    tx.rollback().await.unwrap();
+    // transaction (rolled back), then try again. (One transaction per
+    // attempt: PostgreSQL takes no statement after an error until the
+    // rollback.)
+    let (drop_triggers, count_triggers) = match db.driver() {
+        Driver::Sqlite => (
+            "DROP TRIGGER tasks_insert_working;
+             DROP TRIGGER tasks_transition_allowed;",
+            "SELECT COUNT(*) FROM sqlite_master WHERE type = 'trigger'
+                AND name IN ('tasks_insert_working', 'tasks_transition_allowed')",
+        ),
+        Driver::Postgres => (
+            "DROP TRIGGER tasks_insert_working ON tasks;
+             DROP TRIGGER tasks_transition_allowed ON tasks;",
+            "SELECT COUNT(*) FROM pg_trigger
+              WHERE tgname IN ('tasks_insert_working', 'tasks_transition_allowed')",
+        ),
+    };
+    let refusal = check_refusal(db.driver(), "status IN (", "tasks_status_check");
+    let attempts: [(&'static str, &[Arg]); 2] =
+        [(update_to_done, args![T0 + 1, seq]), (insert_done, args![])];
+    for (sql, args) in attempts {
+        on_pool!(&raw, |pool| {
+            let mut tx = pool.begin().await.unwrap();
+            sqlx::raw_sql(drop_triggers)
+                .execute(&mut *tx)
+                .await
+                .unwrap();
+            let r = bind_all!(sqlx::query(sql), args).execute(&mut *tx).await;
+            assert_refused(r, &refusal);
+            tx.rollback().await.unwrap();
+        });
+    }
 
     // The rollback restored the triggers.
-    let triggers: i64 = sqlx::query_scalar(
-        "SELECT COUNT(*) FROM sqlite_master WHERE type = 'trigger'
-            AND name IN ('tasks_insert_working', 'tasks_transition_allowed')",
-    )
-    .fetch_one(&raw)
-    .await
-    .unwrap();
-    assert_eq!(triggers, 2);
+    assert_eq!(count_all(&raw, count_triggers).await, 2);
     let row = get(&db.store, "t-1").await;
     assert_eq!(row.status, TaskStatus::Working);
     assert_eq!(history(&raw, "t-1").await.len(), 1);
 }
+store_test!(raw_sql_unknown_status_value_refused_by_check);
 
 // Group commit (write_batch) --------------------------------------------------
 
@@ -2602,9 +2957,7 @@ fn completed(done: Result<Written, StoreError>) -> Result<bool, StoreError> {
 
 /// Grouped path: creations and completions of one batch in one commit; a
 /// lost lease answers LeaseLost for that write alone (T-9, T-22 fencing).
-#[tokio::test]
-async fn write_batch_groups_creations_and_completions() {
-    let db = TestDb::new().await;
+async fn write_batch_groups_creations_and_completions(db: TestDb) {
     let raw = db.raw().await;
     let a = db
         .store
@@ -2666,12 +3019,11 @@ async fn write_batch_groups_creations_and_completions() {
     );
     assert_eq!(job(&raw, b.seq).await.unwrap().state, "running");
 }
+store_test!(write_batch_groups_creations_and_completions);
 
 /// A write the grouped statements cannot take (a duplicate task id) sends
 /// the batch one by one: that write fails alone, the others commit.
-#[tokio::test]
-async fn write_batch_failing_write_fails_alone() {
-    let db = TestDb::new().await;
+async fn write_batch_failing_write_fails_alone(db: TestDb) {
     let raw = db.raw().await;
     let ops = vec![
         create_op(new_task("dup", "alice"), Some(JOB), None),
@@ -2697,21 +3049,17 @@ async fn write_batch_failing_write_fails_alone() {
         vec![tr(None, "working"), tr(Some("working"), "failed")],
         "T-9: even a refused call starts working"
     );
-    let n: i64 = sqlx::query_scalar("SELECT count(*) FROM tasks")
-        .fetch_one(&raw)
-        .await
-        .unwrap();
+    let n = count_all(&raw, "SELECT count(*) FROM tasks").await;
     assert_eq!(n, 3);
     assert!(job(&raw, first.seq).await.is_some());
     assert!(job(&raw, other.seq).await.is_some());
     assert!(job(&raw, refused.seq).await.is_none());
 }
+store_test!(write_batch_failing_write_fails_alone);
 
 /// The same job completed twice in one batch: the first holds the lease,
 /// the second is fenced out.
-#[tokio::test]
-async fn write_batch_same_job_twice_second_is_fenced() {
-    let db = TestDb::new().await;
+async fn write_batch_same_job_twice_second_is_fenced(db: TestDb) {
     let row = db
         .store
         .task_create(&new_task("t", "alice"), Some(JOB), None, T0)
@@ -2732,15 +3080,14 @@ async fn write_batch_same_job_twice_second_is_fenced() {
     assert_lease_lost(completed(done.next().unwrap()));
     assert_eq!(get(&db.store, "t").await.status, TaskStatus::Completed);
 }
+store_test!(write_batch_same_job_twice_second_is_fenced);
 
 /// A job back in the queue (its worker vanished) abandons what the lost
 /// attempt asked the client and sets an input_required task working again
 /// (T-27), in the rescue itself, stamped with the rescuer's clock; while it
 /// waits, the task says it is queued and why; the next run starts with no
 /// stale message.
-#[tokio::test]
-async fn new_attempt_abandons_old_requests_and_resumes_working() {
-    let db = TestDb::new().await;
+async fn new_attempt_abandons_old_requests_and_resumes_working(db: TestDb) {
     let raw = db.raw().await;
     let row = db
         .store
@@ -2786,19 +3133,20 @@ async fn new_attempt_abandons_old_requests_and_resumes_working() {
             .unwrap()
             .is_empty()
     );
-    let state: String =
-        sqlx::query_scalar("SELECT state FROM task_messages WHERE request_id = 'r-1'")
-            .fetch_one(&raw)
-            .await
-            .unwrap();
+    let state: String = raw
+        .scalar(
+            "SELECT state FROM task_messages WHERE request_id = 'r-1'",
+            args![],
+        )
+        .await
+        .unwrap();
     assert_eq!(state, "abandoned");
 }
+store_test!(new_attempt_abandons_old_requests_and_resumes_working);
 
 /// A claim in a group commit sees the jobs created earlier in the same
 /// batch, and shares its transaction.
-#[tokio::test]
-async fn write_batch_claim_sees_jobs_created_in_the_same_batch() {
-    let db = TestDb::new().await;
+async fn write_batch_claim_sees_jobs_created_in_the_same_batch(db: TestDb) {
     let c1 = create_op(new_task("c1", "alice"), Some(JOB), None);
     let claim = Write::Claim {
         worker: "w1".into(),
@@ -2832,12 +3180,11 @@ async fn write_batch_claim_sees_jobs_created_in_the_same_batch() {
         "running"
     );
 }
+store_test!(write_batch_claim_sees_jobs_created_in_the_same_batch);
 
 /// A claim undone (its pool stopped before it got the job): queued again,
 /// the attempt not counted, fenced by the lease token.
-#[tokio::test]
-async fn job_unclaim_queues_again_without_counting_the_attempt() {
-    let db = TestDb::new().await;
+async fn job_unclaim_queues_again_without_counting_the_attempt(db: TestDb) {
     let raw = db.raw().await;
     let row = db
         .store
@@ -2869,13 +3216,12 @@ async fn job_unclaim_queues_again_without_counting_the_attempt() {
     let again = claim_one(&db.store, "w2", "lease-2", T0 + 2).await;
     assert_eq!(again.attempt, 1, "the undone claim did not count");
 }
+store_test!(job_unclaim_queues_again_without_counting_the_attempt);
 
 /// A claim takes at most each tool's quota, leaves tools without a quota,
 /// and for a tool with a global limit counts its running jobs in every
 /// process, except those of tasks waiting for their client.
-#[tokio::test]
-async fn job_claim_respects_tool_quotas_and_global_limits() {
-    let db = TestDb::new().await;
+async fn job_claim_respects_tool_quotas_and_global_limits(db: TestDb) {
     let mut seq = 0;
     let mut create = |tool: &str| {
         seq += 1;
@@ -2968,13 +3314,12 @@ async fn job_claim_respects_tool_quotas_and_global_limits() {
         .unwrap();
     assert!(none.is_empty());
 }
+store_test!(job_claim_respects_tool_quotas_and_global_limits);
 
 /// Sessions idle past their time stop counting as live at once unless they
 /// own a task whose ttl has not run out; the sweeper ends them, then
 /// deletes ended sessions that own no unexpired task.
-#[tokio::test]
-async fn session_expiry_counts_and_sweeps() {
-    let db = TestDb::new().await;
+async fn session_expiry_counts_and_sweeps(db: TestDb) {
     const IDLE: i64 = 1_000;
     for id in ["busy", "idle", "owner", "gone"] {
         db.store.session_create(&new_session(id), T0).await.unwrap();
@@ -3031,3 +3376,849 @@ async fn session_expiry_counts_and_sweeps() {
         .unwrap();
     assert_eq!((ended, deleted), (2, 2), "busy and owner");
 }
+store_test!(session_expiry_counts_and_sweeps);
+
+// Progress reports: task_record_progress / task_progress_prune ------------------
+
+/// A progress report, fenced by the lease: the task's statusMessage shows
+/// it (lastUpdatedAt never backwards, T-13) and `task_progress` keeps it.
+async fn task_record_progress_is_fenced_and_sets_the_status_message_t13(db: TestDb) {
+    let raw = db.raw().await;
+    let row = db
+        .store
+        .task_create(&new_task("t-p", "alice"), Some(JOB), None, T0)
+        .await
+        .unwrap();
+    // Queued: nobody holds a lease yet.
+    assert_lease_lost(
+        db.store
+            .task_record_progress(row.seq, "lease-1", 1.0, None, "early", T0 + 1)
+            .await,
+    );
+    claim_one(&db.store, "w1", "lease-1", T0 + 1).await;
+    db.store
+        .task_record_progress(
+            row.seq,
+            "lease-1",
+            1.5,
+            Some(4.0),
+            "one and a half",
+            T0 + 100,
+        )
+        .await
+        .unwrap();
+    // An earlier clock: recorded, lastUpdatedAt stays.
+    db.store
+        .task_record_progress(row.seq, "lease-1", 2.0, None, "two", T0 + 50)
+        .await
+        .unwrap();
+    let task = get(&db.store, "t-p").await;
+    assert_eq!(task.status, TaskStatus::Working);
+    assert_eq!(task.status_message.as_deref(), Some("two"));
+    assert_eq!(task.updated_at, T0 + 100);
+    type ProgressRow = (String, f64, Option<f64>, Option<String>, i64);
+    let rows: Vec<ProgressRow> = raw
+        .rows(
+            "SELECT task_id, progress, total, message, at FROM task_progress
+              WHERE task_seq = $1 ORDER BY id",
+            args![row.seq],
+        )
+        .await
+        .unwrap();
+    assert_eq!(
+        rows,
+        vec![
+            (
+                "t-p".to_owned(),
+                1.5,
+                Some(4.0),
+                Some("one and a half".to_owned()),
+                T0 + 100
+            ),
+            ("t-p".to_owned(), 2.0, None, Some("two".to_owned()), T0 + 50),
+        ]
+    );
+    assert_eq!(history(&raw, "t-p").await.len(), 1, "no transition");
+
+    // Another token, or the same once the task is terminal: nothing written.
+    assert_lease_lost(
+        db.store
+            .task_record_progress(row.seq, "lease-other", 3.0, None, "hijack", T0 + 200)
+            .await,
+    );
+    db.store
+        .job_complete(row.seq, "lease-1", &completed_outcome(), T0 + 300)
+        .await
+        .unwrap();
+    assert_lease_lost(
+        db.store
+            .task_record_progress(row.seq, "lease-1", 4.0, None, "late", T0 + 400)
+            .await,
+    );
+    assert_eq!(
+        count_rows(
+            &raw,
+            "SELECT COUNT(*) FROM task_progress WHERE task_seq = $1",
+            row.seq
+        )
+        .await,
+        2
+    );
+    assert_eq!(get(&db.store, "t-p").await.status_message, None);
+}
+store_test!(task_record_progress_is_fenced_and_sets_the_status_message_t13);
+
+async fn task_progress_prune_deletes_reports_older_than_the_cutoff(db: TestDb) {
+    let raw = db.raw().await;
+    let row = db
+        .store
+        .task_create(&new_task("t-p", "alice"), Some(JOB), None, T0)
+        .await
+        .unwrap();
+    claim_one(&db.store, "w1", "lease-1", T0).await;
+    for at in [T0 + 10, T0 + 20, T0 + 30] {
+        db.store
+            .task_record_progress(row.seq, "lease-1", (at - T0) as f64, None, "step", at)
+            .await
+            .unwrap();
+    }
+    let ats = || async {
+        raw.rows::<(i64,)>(
+            "SELECT at FROM task_progress WHERE task_seq = $1 ORDER BY id",
+            args![row.seq],
+        )
+        .await
+        .unwrap()
+        .into_iter()
+        .map(|(at,)| at)
+        .collect::<Vec<_>>()
+    };
+    assert_eq!(
+        db.store.task_progress_prune(T0 + 10).await.unwrap(),
+        0,
+        "strictly older than the cutoff"
+    );
+    assert_eq!(db.store.task_progress_prune(T0 + 21).await.unwrap(), 2);
+    assert_eq!(ats().await, vec![T0 + 30]);
+    assert_eq!(db.store.task_progress_prune(T0 + 21).await.unwrap(), 0);
+    // The task itself is untouched.
+    let task = get(&db.store, "t-p").await;
+    assert_eq!(task.status, TaskStatus::Working);
+    assert_eq!(task.updated_at, T0 + 30);
+}
+store_test!(task_progress_prune_deletes_reports_older_than_the_cutoff);
+
+// task_events_for_owner_since / task_count_open ----------------------------------
+
+/// What a session's GET stream missed: one owner's status changes after a
+/// feed position, oldest first, with the task's fields.
+async fn task_events_for_owner_since_replays_one_owners_changes(db: TestDb) {
+    let head = db.store.task_events_head().await.unwrap();
+    let a1 = db
+        .store
+        .task_create(&new_task_ttl("a-1", "alice", 60_000), Some(JOB), None, T0)
+        .await
+        .unwrap();
+    db.store
+        .task_create(&new_task("b-1", "bob"), None, None, T0 + 1)
+        .await
+        .unwrap();
+    let mut a2 = new_task("a-2", "alice");
+    a2.poll_interval_ms = None;
+    db.store.task_create(&a2, None, None, T0 + 2).await.unwrap();
+    claim_one(&db.store, "w1", "lease-1", T0 + 3).await;
+    db.store
+        .job_complete(a1.seq, "lease-1", &completed_outcome(), T0 + 5)
+        .await
+        .unwrap();
+    db.store
+        .task_cancel("b-1", "bob", "stop", T0 + 6)
+        .await
+        .unwrap();
+
+    let alice = db
+        .store
+        .task_events_for_owner_since("alice", head, 100)
+        .await
+        .unwrap();
+    let got: Vec<(&str, Option<TaskStatus>, TaskStatus, i64)> = alice
+        .iter()
+        .map(|e| (e.task_id.as_str(), e.from_status, e.to_status, e.at))
+        .collect();
+    assert_eq!(
+        got,
+        vec![
+            ("a-1", None, TaskStatus::Working, T0),
+            ("a-2", None, TaskStatus::Working, T0 + 2),
+            (
+                "a-1",
+                Some(TaskStatus::Working),
+                TaskStatus::Completed,
+                T0 + 5
+            ),
+        ]
+    );
+    assert!(alice.windows(2).all(|w| w[0].id < w[1].id), "in feed order");
+    assert!(alice.iter().all(|e| e.owner == "alice"));
+    let first = &alice[0];
+    assert_eq!(first.created_at, T0);
+    assert_eq!(first.ttl_ms, Some(60_000));
+    assert_eq!(first.poll_interval_ms, Some(500));
+    assert_eq!(first.message, None);
+    assert_eq!(alice[1].poll_interval_ms, None);
+    assert_eq!(alice[1].ttl_ms, None);
+
+    // After a position; at most `limit`.
+    let after_first = db
+        .store
+        .task_events_for_owner_since("alice", first.id, 1)
+        .await
+        .unwrap();
+    assert_eq!(after_first.len(), 1);
+    assert_eq!(after_first[0].id, alice[1].id);
+    let last = alice[2].id;
+    assert!(
+        db.store
+            .task_events_for_owner_since("alice", last, 100)
+            .await
+            .unwrap()
+            .is_empty()
+    );
+
+    let bob = db
+        .store
+        .task_events_for_owner_since("bob", head, 100)
+        .await
+        .unwrap();
+    let got: Vec<(TaskStatus, Option<&str>)> = bob
+        .iter()
+        .map(|e| (e.to_status, e.message.as_deref()))
+        .collect();
+    assert_eq!(
+        got,
+        vec![
+            (TaskStatus::Working, None),
+            (TaskStatus::Cancelled, Some("stop"))
+        ]
+    );
+    assert!(
+        db.store
+            .task_events_for_owner_since("carol", head, 100)
+            .await
+            .unwrap()
+            .is_empty()
+    );
+    assert_eq!(
+        db.store.task_events_head().await.unwrap(),
+        bob[1].id,
+        "the cancel was the last change"
+    );
+}
+store_test!(task_events_for_owner_since_replays_one_owners_changes);
+
+/// Unfinished tasks are working or input_required ones; terminal ones do
+/// not count, nor other owners'.
+async fn task_count_open_counts_working_and_input_required_tasks(db: TestDb) {
+    assert_eq!(db.store.task_count_open("alice").await.unwrap(), 0);
+    let waiting = db
+        .store
+        .task_create(&new_task("waiting", "alice"), Some(JOB), None, T0)
+        .await
+        .unwrap();
+    claim_one(&db.store, "w1", "lease-1", T0).await;
+    let ask = TaskMessage {
+        request_id: "r-1".into(),
+        task_id: "waiting".into(),
+        method: "elicitation/create".into(),
+        params: "{}".into(),
+        response: None,
+    };
+    db.store
+        .task_message_ask(waiting.seq, "lease-1", &ask, T0 + 1)
+        .await
+        .unwrap();
+    db.store
+        .task_create(&new_task("working", "alice"), Some(JOB), None, T0)
+        .await
+        .unwrap();
+    db.store
+        .task_create(
+            &new_task("refused", "alice"),
+            None,
+            Some(&failed_outcome("bad arguments")),
+            T0,
+        )
+        .await
+        .unwrap();
+    db.store
+        .task_create(&new_task("cancelled", "alice"), None, None, T0)
+        .await
+        .unwrap();
+    db.store
+        .task_cancel("cancelled", "alice", "cancelled", T0 + 1)
+        .await
+        .unwrap();
+    db.store
+        .task_create(&new_task("bobs", "bob"), None, None, T0)
+        .await
+        .unwrap();
+    assert_eq!(
+        get(&db.store, "waiting").await.status,
+        TaskStatus::InputRequired
+    );
+    assert_eq!(db.store.task_count_open("alice").await.unwrap(), 2);
+    assert_eq!(db.store.task_count_open("bob").await.unwrap(), 1);
+    assert_eq!(db.store.task_count_open("carol").await.unwrap(), 0);
+}
+store_test!(task_count_open_counts_working_and_input_required_tasks);
+
+// job_any_runnable / job_release -----------------------------------------------------
+
+async fn job_any_runnable_sees_queued_jobs_whose_time_has_come(db: TestDb) {
+    assert!(!db.store.job_any_runnable(T0).await.unwrap(), "empty");
+    db.store
+        .task_create(&new_task("no-job", "alice"), None, None, T0)
+        .await
+        .unwrap();
+    assert!(!db.store.job_any_runnable(T0).await.unwrap(), "no job");
+    let row = db
+        .store
+        .task_create(&new_task("t-1", "alice"), Some(JOB), None, T0 + 10)
+        .await
+        .unwrap();
+    assert!(!db.store.job_any_runnable(T0 + 9).await.unwrap());
+    assert!(db.store.job_any_runnable(T0 + 10).await.unwrap());
+
+    // Running: nothing to claim.
+    claim_one(&db.store, "w1", "lease-1", T0 + 10).await;
+    assert!(!db.store.job_any_runnable(T0 + 10).await.unwrap());
+
+    // Requeued with a backoff: runnable once its run_after comes.
+    let rescued_at = T0 + 10 + LEASE_MS;
+    db.store
+        .job_rescue_expired(BACKOFF_MS, rescued_at)
+        .await
+        .unwrap();
+    let run_after = job(&db.raw().await, row.seq).await.unwrap().run_after;
+    assert!(!db.store.job_any_runnable(run_after - 1).await.unwrap());
+    assert!(db.store.job_any_runnable(run_after).await.unwrap());
+
+    // Cancelled while queued: done, never runnable again.
+    db.store
+        .task_cancel("t-1", "alice", "cancelled", run_after)
+        .await
+        .unwrap();
+    assert!(
+        !db.store
+            .job_any_runnable(run_after + LEASE_MS)
+            .await
+            .unwrap()
+    );
+}
+store_test!(job_any_runnable_sees_queued_jobs_whose_time_has_come);
+
+/// A stopping worker gives back a running job: queued again at once, the
+/// attempt not counted, what it asked the client abandoned and the task
+/// working again (T-27); fenced by the lease. The job of a cancelled task
+/// is finished instead.
+async fn job_release_requeues_without_counting_the_attempt_t27(db: TestDb) {
+    let raw = db.raw().await;
+    let row = db
+        .store
+        .task_create(&new_task("t-1", "alice"), Some(JOB), None, T0)
+        .await
+        .unwrap();
+    claim_one(&db.store, "w1", "lease-1", T0 + 1).await;
+    let ask = TaskMessage {
+        request_id: "r-1".into(),
+        task_id: "t-1".into(),
+        method: "elicitation/create".into(),
+        params: "{}".into(),
+        response: None,
+    };
+    db.store
+        .task_message_ask(row.seq, "lease-1", &ask, T0 + 2)
+        .await
+        .unwrap();
+    assert_lease_lost(db.store.job_release(row.seq, "lease-other", T0 + 5).await);
+
+    assert!(
+        db.store
+            .job_release(row.seq, "lease-1", T0 + 5)
+            .await
+            .unwrap(),
+        "requeued"
+    );
+    let j = job(&raw, row.seq).await.unwrap();
+    assert_eq!(j.state, "queued");
+    assert_eq!(j.attempt, 0, "not counted");
+    assert_eq!(j.run_after, T0 + 5, "runnable at once");
+    assert_eq!(j.lease_owner, None);
+    assert_eq!(j.lease_token, None);
+    assert_eq!(j.lease_expires_at, None);
+    assert_eq!(
+        j.last_error.as_deref(),
+        Some("released by a stopping worker (attempt 1 not counted)")
+    );
+    let task = get(&db.store, "t-1").await;
+    assert_eq!(task.status, TaskStatus::Working);
+    assert_eq!(
+        task.status_message.as_deref(),
+        Some("queued: released by a stopping worker (attempt 1 not counted)")
+    );
+    assert_eq!(task.updated_at, T0 + 5);
+    assert!(
+        db.store
+            .task_messages_pending("t-1")
+            .await
+            .unwrap()
+            .is_empty()
+    );
+    assert_eq!(
+        transitions(&raw, "t-1").await,
+        vec![
+            tr(None, "working"),
+            tr(Some("working"), "input_required"),
+            tr(Some("input_required"), "working"),
+        ]
+    );
+    // Released once.
+    assert_lease_lost(db.store.job_release(row.seq, "lease-1", T0 + 6).await);
+
+    let again = claim_one(&db.store, "w2", "lease-2", T0 + 5).await;
+    assert_eq!(again.attempt, 1, "the released run did not count");
+
+    // Cancelled while running, then released: finished, not requeued.
+    db.store
+        .task_cancel("t-1", "alice", "cancelled", T0 + 6)
+        .await
+        .unwrap();
+    assert!(
+        !db.store
+            .job_release(row.seq, "lease-2", T0 + 7)
+            .await
+            .unwrap(),
+        "not requeued"
+    );
+    let j = job(&raw, row.seq).await.unwrap();
+    assert_eq!(j.state, "done");
+    assert_eq!(j.attempt, 1);
+    assert_eq!(j.finished_at, Some(T0 + 7));
+    assert_eq!(j.last_error.as_deref(), Some("cancelled"));
+    assert_eq!(get(&db.store, "t-1").await.status, TaskStatus::Cancelled);
+}
+store_test!(job_release_requeues_without_counting_the_attempt_t27);
+
+// Messages: task_message_ask / _pending / _get / _answer, task_client_capabilities
+
+/// A running task asks its client (input_required), the owner answers;
+/// the task works again once nothing is pending. Answers are final, in the
+/// database too.
+async fn task_messages_ask_answer_round_trip(db: TestDb) {
+    let raw = db.raw().await;
+    let mut session = new_session("s-1");
+    session.client_capabilities = r#"{"elicitation":{},"sampling":{}}"#.to_owned();
+    session.principal = Some("alice".to_owned());
+    db.store.session_create(&session, T0).await.unwrap();
+    assert_eq!(
+        db.store
+            .session_get("s-1")
+            .await
+            .unwrap()
+            .unwrap()
+            .principal
+            .as_deref(),
+        Some("alice")
+    );
+    let mut new = new_task("t-m", "alice");
+    new.session_id = Some("s-1".to_owned());
+    let row = db
+        .store
+        .task_create(&new, Some(JOB), None, T0)
+        .await
+        .unwrap();
+    let lone = db
+        .store
+        .task_create(&new_task("t-lone", "alice"), None, None, T0)
+        .await
+        .unwrap();
+    assert_eq!(
+        db.store
+            .task_client_capabilities(row.seq)
+            .await
+            .unwrap()
+            .as_deref(),
+        Some(r#"{"elicitation":{},"sampling":{}}"#)
+    );
+    assert_eq!(
+        db.store.task_client_capabilities(lone.seq).await.unwrap(),
+        None,
+        "no session"
+    );
+    assert_eq!(
+        db.store
+            .task_client_capabilities(row.seq + 100)
+            .await
+            .unwrap(),
+        None,
+        "no task"
+    );
+
+    let message = |id: &str, method: &str| TaskMessage {
+        request_id: id.to_owned(),
+        task_id: "t-m".to_owned(),
+        method: method.to_owned(),
+        params: r#"{"message":"name?"}"#.to_owned(),
+        response: None,
+    };
+    let r1 = message("r-1", "elicitation/create");
+    let r2 = message("r-2", "sampling/createMessage");
+    // Not claimed: nobody may ask.
+    assert_lease_lost(
+        db.store
+            .task_message_ask(row.seq, "lease-1", &r1, T0 + 1)
+            .await,
+    );
+    claim_one(&db.store, "w1", "lease-1", T0 + 1).await;
+    assert_lease_lost(
+        db.store
+            .task_message_ask(row.seq, "stranger", &r1, T0 + 2)
+            .await,
+    );
+    assert_eq!(db.store.task_message_get("r-1").await.unwrap(), None);
+
+    db.store
+        .task_message_ask(row.seq, "lease-1", &r1, T0 + 2)
+        .await
+        .unwrap();
+    let task = get(&db.store, "t-m").await;
+    assert_eq!(task.status, TaskStatus::InputRequired);
+    assert_eq!(
+        task.status_message.as_deref(),
+        Some("waiting for the client to answer elicitation/create")
+    );
+    assert_eq!(task.updated_at, T0 + 2);
+    db.store
+        .task_message_ask(row.seq, "lease-1", &r2, T0 + 3)
+        .await
+        .unwrap();
+    assert_eq!(
+        db.store.task_messages_pending("t-m").await.unwrap(),
+        vec![r1.clone(), r2.clone()],
+        "oldest first"
+    );
+    assert_eq!(
+        db.store.task_message_get("r-1").await.unwrap(),
+        Some(r1.clone())
+    );
+    assert_eq!(db.store.task_message_get("r-unknown").await.unwrap(), None);
+
+    // Only the task's owner answers.
+    assert_eq!(
+        db.store
+            .task_message_answer("r-1", "mallory", "{}", T0 + 4)
+            .await
+            .unwrap(),
+        AnswerOutcome::Unknown
+    );
+    let answer = r#"{"jsonrpc":"2.0","id":"r-1","result":{"action":"accept"}}"#;
+    assert_eq!(
+        db.store
+            .task_message_answer("r-1", "alice", answer, T0 + 4)
+            .await
+            .unwrap(),
+        AnswerOutcome::Stored
+    );
+    assert_eq!(
+        get(&db.store, "t-m").await.status,
+        TaskStatus::InputRequired,
+        "r-2 is still pending"
+    );
+    assert_eq!(
+        db.store.task_messages_pending("t-m").await.unwrap(),
+        vec![r2.clone()]
+    );
+    assert_eq!(
+        db.store
+            .task_message_answer("r-1", "alice", "{}", T0 + 5)
+            .await
+            .unwrap(),
+        AnswerOutcome::Unknown,
+        "answered once"
+    );
+    assert_eq!(
+        db.store
+            .task_message_answer("r-2", "alice", r#"{"result":{}}"#, T0 + 6)
+            .await
+            .unwrap(),
+        AnswerOutcome::Stored
+    );
+    let task = get(&db.store, "t-m").await;
+    assert_eq!(task.status, TaskStatus::Working);
+    assert_eq!(
+        task.status_message.as_deref(),
+        Some("the client answered; working")
+    );
+    assert_eq!(task.updated_at, T0 + 6);
+    assert!(
+        db.store
+            .task_messages_pending("t-m")
+            .await
+            .unwrap()
+            .is_empty()
+    );
+    assert_eq!(
+        db.store
+            .task_message_get("r-1")
+            .await
+            .unwrap()
+            .unwrap()
+            .response
+            .as_deref(),
+        Some(answer)
+    );
+    let states: Vec<(String, Option<i64>)> = raw
+        .rows(
+            "SELECT state, answered_at FROM task_messages WHERE task_seq = $1 ORDER BY id",
+            args![row.seq],
+        )
+        .await
+        .unwrap();
+    assert_eq!(
+        states,
+        vec![
+            ("answered".to_owned(), Some(T0 + 4)),
+            ("answered".to_owned(), Some(T0 + 6))
+        ]
+    );
+    let r = raw
+        .execute(
+            "UPDATE task_messages SET response = '{}' WHERE request_id = $1",
+            args!["r-1"],
+        )
+        .await;
+    assert_refused(r, "a task message is answered (or abandoned) once");
+    assert_eq!(
+        transitions(&raw, "t-m").await,
+        vec![
+            tr(None, "working"),
+            tr(Some("working"), "input_required"),
+            tr(Some("input_required"), "working"),
+        ],
+        "the second request was asked while input_required already"
+    );
+
+    // A finished task asks nothing more.
+    db.store
+        .job_complete(row.seq, "lease-1", &completed_outcome(), T0 + 7)
+        .await
+        .unwrap();
+    let r3 = message("r-3", "elicitation/create");
+    assert_lease_lost(
+        db.store
+            .task_message_ask(row.seq, "lease-1", &r3, T0 + 8)
+            .await,
+    );
+    assert_eq!(db.store.task_message_get("r-3").await.unwrap(), None);
+}
+store_test!(task_messages_ask_answer_round_trip);
+
+// Tokens ----------------------------------------------------------------------------
+
+async fn token_create_get_list_touch_revoke(db: TestDb) {
+    assert!(!db.store.tokens_exist().await.unwrap());
+    assert!(db.store.token_list().await.unwrap().is_empty());
+    assert_eq!(db.store.token_get("id-1").await.unwrap(), None);
+
+    db.store
+        .token_create("id-1", "alice", &[7u8; 32], None, T0)
+        .await
+        .unwrap();
+    db.store
+        .token_create("id-2", "bob", &[8u8; 32], Some(T0 + 10_000), T0 + 1)
+        .await
+        .unwrap();
+    assert!(db.store.tokens_exist().await.unwrap());
+    assert!(matches!(
+        db.store
+            .token_create("id-1", "carol", &[9u8; 32], None, T0 + 2)
+            .await,
+        Err(StoreError::Db(_))
+    ));
+    assert_db_refused(
+        db.store
+            .token_create("id-3", "carol", &[1u8; 3], None, T0 + 2)
+            .await,
+        &check_refusal(
+            db.driver(),
+            "length(secret_hash) = 32",
+            "tokens_secret_hash_check",
+        ),
+    );
+    assert_db_refused(
+        db.store
+            .token_create("id-4", "", &[1u8; 32], None, T0 + 2)
+            .await,
+        &check_refusal(
+            db.driver(),
+            "length(principal) BETWEEN 1 AND 200",
+            "tokens_principal_check",
+        ),
+    );
+
+    let one = db.store.token_get("id-1").await.unwrap().unwrap();
+    assert_eq!(
+        one,
+        store::TokenRow {
+            token_id: "id-1".to_owned(),
+            principal: "alice".to_owned(),
+            secret_hash: vec![7u8; 32],
+            created_at: T0,
+            expires_at: None,
+            revoked_at: None,
+            last_used_at: None,
+        }
+    );
+    let two = db.store.token_get("id-2").await.unwrap().unwrap();
+    assert_eq!(two.expires_at, Some(T0 + 10_000));
+    // Newest first (both drivers; the trait's doc says "oldest first").
+    let ids: Vec<String> = db
+        .store
+        .token_list()
+        .await
+        .unwrap()
+        .into_iter()
+        .map(|t| t.token_id)
+        .collect();
+    assert_eq!(ids, ["id-2", "id-1"]);
+
+    db.store.token_touch("id-1", T0 + 5).await.unwrap();
+    db.store.token_touch("id-unknown", T0 + 5).await.unwrap();
+    assert!(db.store.token_revoke("id-1", T0 + 6).await.unwrap());
+    assert!(
+        !db.store.token_revoke("id-1", T0 + 7).await.unwrap(),
+        "revoked once"
+    );
+    assert!(!db.store.token_revoke("id-unknown", T0 + 7).await.unwrap());
+    let one = db.store.token_get("id-1").await.unwrap().unwrap();
+    assert_eq!(
+        (one.last_used_at, one.revoked_at),
+        (Some(T0 + 5), Some(T0 + 6))
+    );
+    assert!(
+        db.store.tokens_exist().await.unwrap(),
+        "a revoked token still says authentication is on"
+    );
+}
+store_test!(token_create_get_list_touch_revoke);
+
+// Workers ---------------------------------------------------------------------------
+
+async fn worker_register_heartbeat_set_state_mark_dead(db: TestDb) {
+    let raw = db.raw().await;
+    type WorkerRow = (String, i64, i64, Option<i64>);
+    let read = |id: &'static str| {
+        let raw = &raw;
+        async move {
+            raw.row::<WorkerRow>(
+                "SELECT state, jobs_running, heartbeat_at, stopped_at FROM workers
+                  WHERE worker_id = $1",
+                args![id],
+            )
+            .await
+            .unwrap()
+            .unwrap()
+        }
+    };
+    let pool = |id: &str, kind: WorkerKind, lease_ms: i64| NewWorker {
+        worker_id: id.to_owned(),
+        pid: 4242,
+        host: "host-a".to_owned(),
+        kind,
+        concurrency: 4,
+        lease_ms,
+    };
+    db.store
+        .worker_register(&pool("w-1", WorkerKind::Process, 1_000), T0)
+        .await
+        .unwrap();
+    db.store
+        .worker_register(&pool("w-2", WorkerKind::Embedded, 10_000), T0)
+        .await
+        .unwrap();
+    assert!(
+        db.store
+            .worker_register(&pool("w-1", WorkerKind::Process, 1_000), T0)
+            .await
+            .is_err(),
+        "one row per pool"
+    );
+    let row: Option<(i64, String, String, i64, i64, i64)> = raw
+        .row(
+            "SELECT pid, host, kind, concurrency, lease_ms, started_at FROM workers
+              WHERE worker_id = 'w-1'",
+            args![],
+        )
+        .await
+        .unwrap();
+    assert_eq!(
+        row,
+        Some((
+            4242,
+            "host-a".to_owned(),
+            "process".to_owned(),
+            4,
+            1_000,
+            T0
+        ))
+    );
+    assert_eq!(read("w-1").await, ("live".to_owned(), 0, T0, None));
+    assert_eq!(read("w-2").await.0, "live");
+
+    db.store.worker_heartbeat("w-1", 3, T0 + 500).await.unwrap();
+    assert_eq!(read("w-1").await, ("live".to_owned(), 3, T0 + 500, None));
+    db.store
+        .worker_heartbeat("w-unknown", 1, T0 + 500)
+        .await
+        .unwrap();
+
+    // Dead once two leases' worth of heartbeats are missing (strictly).
+    assert_eq!(db.store.worker_mark_dead(T0 + 2_500).await.unwrap(), 0);
+    assert_eq!(db.store.worker_mark_dead(T0 + 2_501).await.unwrap(), 1);
+    assert_eq!(read("w-1").await.0, "dead");
+    assert_eq!(read("w-2").await.0, "live", "its lease is longer");
+    assert_eq!(
+        db.store.worker_mark_dead(T0 + 2_501).await.unwrap(),
+        0,
+        "dead once"
+    );
+    // A stalled pool that beats again lives again.
+    db.store
+        .worker_heartbeat("w-1", 2, T0 + 3_000)
+        .await
+        .unwrap();
+    assert_eq!(read("w-1").await, ("live".to_owned(), 2, T0 + 3_000, None));
+
+    db.store
+        .worker_set_state("w-1", WorkerState::Stopping, T0 + 3_100)
+        .await
+        .unwrap();
+    assert_eq!(
+        read("w-1").await,
+        ("stopping".to_owned(), 2, T0 + 3_100, None),
+        "stopping keeps its count"
+    );
+    db.store
+        .worker_set_state("w-1", WorkerState::Stopped, T0 + 3_200)
+        .await
+        .unwrap();
+    assert_eq!(
+        read("w-1").await,
+        ("stopped".to_owned(), 0, T0 + 3_200, Some(T0 + 3_200))
+    );
+    // A stopped pool is never marked dead; the silent one is.
+    assert_eq!(db.store.worker_mark_dead(T0 + 100_000).await.unwrap(), 1);
+    assert_eq!(read("w-1").await.0, "stopped");
+    assert_eq!(read("w-2").await.0, "dead");
+}
+store_test!(worker_register_heartbeat_set_state_mark_dead);

@@ -108,10 +108,14 @@ pub enum Written {
 /// process. Each feed keeps its own position; it starts at the head.
 #[async_trait]
 pub trait ChangeFeed: Send {
-    /// Notified when another process may have committed.
+    /// Notified when another process may have committed a change the feed
+    /// reads, or a job (statuses, progress, jobs, input requests; commits
+    /// that touch only sessions, tokens or workers need not wake anyone).
     fn remote(&self) -> Arc<Notify>;
-    /// A number that changes whenever anything committed since the last
-    /// call (cheap; used to skip reads when nothing happened).
+    /// A number that changes after such a commit (cheap; used to skip reads
+    /// when nothing happened). It may lag this process's own commits (on
+    /// PostgreSQL it moves when the notification arrives): a process kicks
+    /// its feed after its own commits instead of waiting for it.
     async fn version(&mut self) -> Result<i64, StoreError>;
     /// Progress reports committed since the last call, oldest first.
     async fn next_progress(&mut self, limit: i64) -> Result<Vec<ProgressEvent>, StoreError>;
@@ -315,7 +319,7 @@ pub trait TokenStore {
     ) -> Result<(), StoreError>;
     /// One token.
     async fn token_get(&self, token_id: &str) -> Result<Option<TokenRow>, StoreError>;
-    /// Every token, oldest first.
+    /// Every token, newest first.
     async fn token_list(&self) -> Result<Vec<TokenRow>, StoreError>;
     /// Revoke; false when unknown or revoked already.
     async fn token_revoke(&self, token_id: &str, now: i64) -> Result<bool, StoreError>;
