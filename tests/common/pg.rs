@@ -37,7 +37,10 @@ pub fn available() -> bool {
             if std::env::var_os("TASKBROKER_REQUIRE_POSTGRES").is_some() {
                 panic!("PostgreSQL is required (TASKBROKER_REQUIRE_POSTGRES) but {} does not answer: {e}", server_url());
             }
-            eprintln!(
+            // Straight to fd 2: the test harness captures eprintln!.
+            use std::io::Write;
+            let _ = writeln!(
+                std::io::stderr(),
                 "skipping the PostgreSQL cases: no server at {} ({})",
                 server_url(),
                 e.trim()

@@ -343,6 +343,18 @@ pub(super) async fn claim_in(
             .execute(&mut *conn)
             .await?;
     }
+    // Candidates are locked (SKIP LOCKED) until this transaction commits, so
+    // other claimers skip them: lock no more than this claim can take. Only
+    // when a tool's quota may bind does the claim need a wider window (4x)
+    // to find jobs of other tools behind the capped one's.
+    let binding = quotas
+        .iter()
+        .any(|q| q.free > 0 && (q.free < limit || q.global.is_some()));
+    let head = if binding {
+        limit.saturating_mul(4)
+    } else {
+        limit
+    };
     let lease_expires_at = now + lease_ms;
     let quotas = Value::Array(
         quotas
@@ -351,7 +363,6 @@ pub(super) async fn claim_in(
             .map(|q| json!({ "tool": q.tool, "free": q.free, "global_limit": q.global }))
             .collect(),
     );
-    let head = limit.saturating_mul(4);
     let mut jobs = sqlx::query_as!(
         ClaimedJob,
         r#"WITH quota AS (SELECT tool, free, global_limit

@@ -1,7 +1,9 @@
 //! Smoke tests of the PostgreSQL driver against a real server: each test
 //! makes a database of its own (random name) on the server that
-//! `POSTGRES_DATABASE_URL` names (default: postgres@127.0.0.1:5432) and
-//! drops it at the end, even when the test fails.
+//! `TASKBROKER_TEST_POSTGRES` names (default: postgres@127.0.0.1:5432) and
+//! drops it at the end, even when the test fails. Where no server answers
+//! they are skipped with a line saying so, unless
+//! `TASKBROKER_REQUIRE_POSTGRES` is set (CI): then they fail.
 
 use std::collections::HashSet;
 use std::sync::Arc;
@@ -13,7 +15,7 @@ use taskbroker_storage::*;
 use tokio_util::sync::CancellationToken;
 
 const NOW: i64 = 1_700_000_000_000;
-const DEFAULT_URL: &str = "postgres://postgres@127.0.0.1:5432/taskbroker_pgdev";
+const DEFAULT_URL: &str = "postgres://postgres@127.0.0.1:5432";
 
 /// A database of one test: created empty, dropped (forcibly) on drop.
 struct TestDb {
@@ -23,30 +25,44 @@ struct TestDb {
 }
 
 fn server_url() -> url::Url {
-    let text = std::env::var("POSTGRES_DATABASE_URL").unwrap_or_else(|_| DEFAULT_URL.to_owned());
-    url::Url::parse(&text).expect("POSTGRES_DATABASE_URL is a URL")
+    let text = std::env::var("TASKBROKER_TEST_POSTGRES").unwrap_or_else(|_| DEFAULT_URL.to_owned());
+    url::Url::parse(&text).expect("TASKBROKER_TEST_POSTGRES is a URL")
 }
 
 impl TestDb {
-    async fn create() -> Self {
+    /// A fresh database, or `None` (said once) where no server answers.
+    async fn create() -> Option<Self> {
         let name = format!("tbk_test_{}", uuid::Uuid::new_v4().simple());
         let mut admin = server_url();
         admin.set_path("/postgres");
         let mut url = server_url();
         url.set_path(&format!("/{name}"));
-        let mut conn = sqlx::PgConnection::connect(admin.as_str())
-            .await
-            .expect("the test server accepts connections");
+        let mut conn = match sqlx::PgConnection::connect(admin.as_str()).await {
+            Ok(conn) => conn,
+            Err(e) if std::env::var_os("TASKBROKER_REQUIRE_POSTGRES").is_none() => {
+                static SAID: std::sync::Once = std::sync::Once::new();
+                // Straight to fd 2: the test harness captures eprintln!.
+                SAID.call_once(|| {
+                    use std::io::Write;
+                    let _ = writeln!(
+                        std::io::stderr(),
+                        "skipping the PostgreSQL cases: no server at {admin} ({e})"
+                    );
+                });
+                return None;
+            }
+            Err(e) => panic!("PostgreSQL is required (TASKBROKER_REQUIRE_POSTGRES): {e}"),
+        };
         sqlx::raw_sql(sqlx::AssertSqlSafe(format!("CREATE DATABASE {name}")))
             .execute(&mut conn)
             .await
             .expect("create the test database");
         conn.close().await.ok();
-        Self {
+        Some(Self {
             name,
             url: url.to_string(),
             admin_url: admin.to_string(),
-        }
+        })
     }
 
     async fn open(&self) -> PostgresStore {
@@ -134,7 +150,9 @@ async fn job_state(db: &TestDb, seq: i64) -> (String, i64, Option<String>) {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn claim_heartbeat_complete() {
-    let db = TestDb::create().await;
+    let Some(db) = TestDb::create().await else {
+        return;
+    };
     let store = Arc::new(db.open().await);
     assert_eq!(store.driver(), Driver::Postgres);
     assert!(!store.describe().contains("secret"));
@@ -259,7 +277,9 @@ async fn claim_heartbeat_complete() {
 
 #[tokio::test]
 async fn global_limit_holds_across_claims() {
-    let db = TestDb::create().await;
+    let Some(db) = TestDb::create().await else {
+        return;
+    };
     let store = db.open().await;
     for i in 0..6 {
         store
@@ -294,7 +314,9 @@ async fn global_limit_holds_across_claims() {
 
 #[tokio::test]
 async fn write_batch_with_a_refused_write() {
-    let db = TestDb::create().await;
+    let Some(db) = TestDb::create().await else {
+        return;
+    };
     let store = db.open().await;
     store
         .task_create(&new_task("old", "alice", "echo"), job(3), None, NOW)
@@ -418,7 +440,9 @@ async fn write_batch_with_a_refused_write() {
 
 #[tokio::test]
 async fn cancel_queued_and_running() {
-    let db = TestDb::create().await;
+    let Some(db) = TestDb::create().await else {
+        return;
+    };
     let store = db.open().await;
     let queued = store
         .task_create(&new_task("q", "alice", "echo"), job(3), None, NOW)
@@ -502,7 +526,9 @@ async fn cancel_queued_and_running() {
 
 #[tokio::test]
 async fn rescue_requeues_then_fails() {
-    let db = TestDb::create().await;
+    let Some(db) = TestDb::create().await else {
+        return;
+    };
     let store = db.open().await;
     let row = store
         .task_create(&new_task("lost", "alice", "echo"), job(2), None, NOW)
@@ -594,7 +620,9 @@ async fn rescue_requeues_then_fails() {
 
 #[tokio::test]
 async fn release_and_unclaim() {
-    let db = TestDb::create().await;
+    let Some(db) = TestDb::create().await else {
+        return;
+    };
     let store = db.open().await;
     let row = store
         .task_create(&new_task("r", "alice", "echo"), job(3), None, NOW)
@@ -642,7 +670,9 @@ async fn release_and_unclaim() {
 
 #[tokio::test]
 async fn ask_and_answer() {
-    let db = TestDb::create().await;
+    let Some(db) = TestDb::create().await else {
+        return;
+    };
     let store = db.open().await;
     store
         .session_create(
@@ -750,7 +780,9 @@ async fn ask_and_answer() {
 
 #[tokio::test]
 async fn sessions() {
-    let db = TestDb::create().await;
+    let Some(db) = TestDb::create().await else {
+        return;
+    };
     let store = db.open().await;
     let new = |id: &str| NewSession {
         session_id: id.into(),
@@ -833,7 +865,9 @@ async fn sessions() {
 
 #[tokio::test]
 async fn tokens() {
-    let db = TestDb::create().await;
+    let Some(db) = TestDb::create().await else {
+        return;
+    };
     let store = db.open().await;
     assert!(!store.tokens_exist().await.expect("exist"));
     store
@@ -877,7 +911,9 @@ async fn tokens() {
 
 #[tokio::test]
 async fn workers() {
-    let db = TestDb::create().await;
+    let Some(db) = TestDb::create().await else {
+        return;
+    };
     let store = db.open().await;
     let w = NewWorker {
         worker_id: "host:1:abc".into(),
@@ -923,7 +959,9 @@ async fn workers() {
 
 #[tokio::test]
 async fn list_pages_and_purge() {
-    let db = TestDb::create().await;
+    let Some(db) = TestDb::create().await else {
+        return;
+    };
     let store = db.open().await;
     for i in 0..5 {
         store
@@ -979,7 +1017,9 @@ async fn list_pages_and_purge() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn change_feed_hears_another_handle() {
-    let db = TestDb::create().await;
+    let Some(db) = TestDb::create().await else {
+        return;
+    };
     let here = db.open().await;
     let there = PostgresStore::open_existing(&db.url, Durability::Full)
         .await
@@ -1048,7 +1088,9 @@ async fn change_feed_hears_another_handle() {
 /// visible in id order).
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn feed_misses_nothing_under_concurrent_writers() {
-    let db = TestDb::create().await;
+    let Some(db) = TestDb::create().await else {
+        return;
+    };
     let store = Arc::new(db.open().await);
     let shutdown = CancellationToken::new();
     let mut feed = store.change_feed(shutdown.clone()).await.expect("feed");
@@ -1108,7 +1150,9 @@ async fn feed_misses_nothing_under_concurrent_writers() {
 
 #[tokio::test]
 async fn open_existing_refuses_an_unmigrated_database() {
-    let db = TestDb::create().await;
+    let Some(db) = TestDb::create().await else {
+        return;
+    };
     let error = PostgresStore::open_existing(&db.url, Durability::Full)
         .await
         .expect_err("no schema");
@@ -1129,7 +1173,9 @@ async fn open_existing_refuses_an_unmigrated_database() {
 
 #[tokio::test]
 async fn concurrent_migrations_apply_once() {
-    let db = TestDb::create().await;
+    let Some(db) = TestDb::create().await else {
+        return;
+    };
     let (a, b) = tokio::join!(
         PostgresStore::migrate(&db.url),
         PostgresStore::migrate(&db.url)
@@ -1141,7 +1187,9 @@ async fn concurrent_migrations_apply_once() {
 
 #[tokio::test]
 async fn schema_and_driver_share_the_feed_lock_key() {
-    let db = TestDb::create().await;
+    let Some(db) = TestDb::create().await else {
+        return;
+    };
     let store = db.open().await;
     store.close().await;
     let mut conn = sqlx::PgConnection::connect(&db.url).await.expect("connect");
@@ -1159,6 +1207,10 @@ async fn schema_and_driver_share_the_feed_lock_key() {
 
 #[tokio::test]
 async fn connection_errors_say_what_is_wrong() {
+    // A server must answer for "no such database" to be its answer.
+    let Some(_db) = TestDb::create().await else {
+        return;
+    };
     let mut missing = server_url();
     missing.set_path("/tbk_no_such_database");
     missing.set_password(Some("hunter2")).expect("a password");
