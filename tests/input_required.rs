@@ -4,11 +4,12 @@
 
 #![allow(clippy::unwrap_used)] // tests: a failed unwrap is a failed test
 
+#[macro_use]
 mod common;
 
 use std::time::{Duration, Instant};
 
-use common::{Client, Server, SseReader, WorkerProc, parse_time_ms};
+use common::{Client, Driver, Server, SseReader, WorkerProc, parse_time_ms};
 use reqwest::header::HeaderValue;
 use serde_json::{Value, json};
 
@@ -68,9 +69,8 @@ async fn final_response(sse: &mut SseReader) -> Value {
 /// Covers T-24, T-25, T-26, T-27 with the tool in a separate worker
 /// process: input_required, the request on tasks/result with related-task
 /// _meta, the answer by POST, back to working, completed.
-#[tokio::test]
-async fn t24_t27_elicitation_round_trip_through_a_task_in_a_worker_process() {
-    let server = Server::start(&["--workers", "0"]);
+async fn t24_t27_elicitation_round_trip_through_a_task_in_a_worker_process(driver: Driver) {
+    let server = Server::start_on(driver, &["--workers", "0"]);
     let _w = WorkerProc::start(&server, 0, &["--lease", "5"]);
     let mut c = elicit_client(&server).await;
     let t = c
@@ -103,36 +103,36 @@ async fn t24_t27_elicitation_round_trip_through_a_task_in_a_worker_process() {
     assert_eq!(response["result"]["content"][0]["text"], "approved");
     assert_eq!(response["result"]["structuredContent"]["approved"], true);
     assert_eq!(response["result"]["_meta"][RELATED]["taskId"], json!(id));
-    let db = server.read_db().await;
-    let history: Vec<String> =
-        sqlx::query_scalar("SELECT to_status FROM v_task_history WHERE task_id = ? ORDER BY id")
-            .bind(&id)
-            .fetch_all(&db)
-            .await
-            .unwrap();
+    let db = server.db_reader().await;
+    let history: Vec<String> = db
+        .scalars(
+            "SELECT to_status FROM v_task_history WHERE task_id = $1 ORDER BY id",
+            &[(&id).into()],
+        )
+        .await;
     assert_eq!(
         history,
         ["working", "input_required", "working", "completed"]
     );
-    let ran_by: String = sqlx::query_scalar(
-        "SELECT j.lease_owner FROM jobs j JOIN tasks t ON t.seq = j.task_seq WHERE t.task_id = ?",
-    )
-    .bind(&id)
-    .fetch_one(&db)
-    .await
-    .unwrap();
+    let ran_by: String = db
+        .scalar(
+            "SELECT j.lease_owner FROM jobs j JOIN tasks t ON t.seq = j.task_seq WHERE t.task_id = $1",
+            &[(&id).into()],
+        )
+        .await;
     assert!(
         ran_by.contains(&format!(":{}:", _w.pid())),
         "ran in the worker process: {ran_by}"
     );
 }
 
+both_drivers!(t24_t27_elicitation_round_trip_through_a_task_in_a_worker_process);
+
 /// Covers T-26 across a restart: kill -9 the server while the task waits;
 /// after restart tasks/result delivers the same request (same id) and the
 /// answer reaches the tool in the worker process that never died.
-#[tokio::test]
-async fn t26_pending_request_survives_a_server_restart() {
-    let mut server = Server::start(&["--workers", "0"]);
+async fn t26_pending_request_survives_a_server_restart(driver: Driver) {
+    let mut server = Server::start_on(driver, &["--workers", "0"]);
     let w = WorkerProc::start(&server, 0, &["--lease", "5"]);
     let mut c = elicit_client(&server).await;
     let t = c
@@ -162,10 +162,11 @@ async fn t26_pending_request_survives_a_server_restart() {
     assert!(w.log().contains("task asks the client"), "the worker asked");
 }
 
+both_drivers!(t26_pending_request_survives_a_server_restart);
+
 /// Decline and cancel actions reach the tool as such.
-#[tokio::test]
-async fn t27_decline_and_cancel_actions_reach_the_tool() {
-    let server = Server::start(&[]);
+async fn t27_decline_and_cancel_actions_reach_the_tool(driver: Driver) {
+    let server = Server::start_on(driver, &[]);
     let mut c = elicit_client(&server).await;
     for (action, text) in [
         ("decline", "the user declined to answer"),
@@ -181,11 +182,12 @@ async fn t27_decline_and_cancel_actions_reach_the_tool() {
     }
 }
 
+both_drivers!(t27_decline_and_cancel_actions_reach_the_tool);
+
 /// H-12: a client that did not declare elicitation is never asked: the
 /// tool hears so, and its task fails with the reason (T-12).
-#[tokio::test]
-async fn h12_a_task_cannot_ask_a_client_without_the_capability() {
-    let server = Server::start(&[]);
+async fn h12_a_task_cannot_ask_a_client_without_the_capability(driver: Driver) {
+    let server = Server::start_on(driver, &[]);
     let mut c = server.client().await;
     let t = c.call_task("approve", json!({"question": "?"})).await;
     let id = t["taskId"].as_str().unwrap();
@@ -200,11 +202,12 @@ async fn h12_a_task_cannot_ask_a_client_without_the_capability() {
     );
 }
 
+both_drivers!(h12_a_task_cannot_ask_a_client_without_the_capability);
+
 /// T-21/T-22 while input_required: cancel ends it at once, and a late answer
 /// changes nothing.
-#[tokio::test]
-async fn t21_cancel_while_input_required() {
-    let server = Server::start(&[]);
+async fn t21_cancel_while_input_required(driver: Driver) {
+    let server = Server::start_on(driver, &[]);
     let mut c = elicit_client(&server).await;
     let t = c.call_task("approve", json!({"question": "?"})).await;
     let id = t["taskId"].as_str().unwrap().to_owned();
@@ -231,12 +234,13 @@ async fn t21_cancel_while_input_required() {
     );
 }
 
+both_drivers!(t21_cancel_while_input_required);
+
 /// Covers T-31: notifications/tasks/status with the full Task on the
 /// session's GET stream, for changes written by a worker process. Prints
 /// the delay from the worker's status write (lastUpdatedAt) to receipt.
-#[tokio::test]
-async fn t31_status_notifications_on_the_get_stream_from_a_worker_process() {
-    let server = Server::start(&["--workers", "0"]);
+async fn t31_status_notifications_on_the_get_stream_from_a_worker_process(driver: Driver) {
+    let server = Server::start_on(driver, &["--workers", "0"]);
     let _w = WorkerProc::start(&server, 0, &["--lease", "5"]);
     let mut c = server.client().await;
     let mut h = c.headers();
@@ -272,10 +276,11 @@ async fn t31_status_notifications_on_the_get_stream_from_a_worker_process() {
     assert!(delays[2] < 500, "median delay {} ms", delays[2]);
 }
 
+both_drivers!(t31_status_notifications_on_the_get_stream_from_a_worker_process);
+
 /// Covers T-23: notifications/cancelled stops a plain call in flight.
-#[tokio::test]
-async fn t23_notifications_cancelled_stops_a_plain_call() {
-    let server = Server::start(&[]);
+async fn t23_notifications_cancelled_stops_a_plain_call(driver: Driver) {
+    let server = Server::start_on(driver, &[]);
     let mut c = server.client().await;
     let (id, response) = c
         .post_stream(
@@ -294,12 +299,13 @@ async fn t23_notifications_cancelled_stops_a_plain_call() {
     assert!(started.elapsed() < Duration::from_secs(2));
 }
 
+both_drivers!(t23_notifications_cancelled_stops_a_plain_call);
+
 /// Covers H-4: a client that drops a plain call's stream and reconnects
 /// with Last-Event-ID gets exactly the messages it missed, in order, with
 /// no duplicates.
-#[tokio::test]
-async fn h4_resume_gets_exactly_the_missed_messages_in_order() {
-    let server = Server::start(&[]);
+async fn h4_resume_gets_exactly_the_missed_messages_in_order(driver: Driver) {
+    let server = Server::start_on(driver, &[]);
     let mut c = server.client().await;
     let (id, response) = c
         .post_stream(
@@ -340,13 +346,14 @@ async fn h4_resume_gets_exactly_the_missed_messages_in_order() {
     assert_eq!(ids.len(), seen.len(), "no duplicate event ids");
 }
 
+both_drivers!(h4_resume_gets_exactly_the_missed_messages_in_order);
+
 /// Covers H-4 and T-31 for the session's GET stream: event ids are feed
 /// positions; a client that reconnects with Last-Event-ID, even after a
 /// kill -9 and restart of the server, gets exactly the status changes it
 /// missed, in order, without duplicates (they are read from the database).
-#[tokio::test]
-async fn h4_get_stream_resumes_from_the_database_after_a_restart() {
-    let mut server = Server::start(&[]);
+async fn h4_get_stream_resumes_from_the_database_after_a_restart(driver: Driver) {
+    let mut server = Server::start_on(driver, &[]);
     let mut c = server.client().await;
     let open_get = |c: &Client, last: Option<String>| {
         let mut h = c.headers();
@@ -413,11 +420,12 @@ async fn h4_get_stream_resumes_from_the_database_after_a_restart() {
     assert!(positions[0] > last_id.trim_start_matches("g-").parse::<i64>().unwrap());
 }
 
+both_drivers!(h4_get_stream_resumes_from_the_database_after_a_restart);
+
 /// A status change goes on one stream only (the transport forbids
 /// broadcasting): the task's open tasks/result stream, not the GET stream.
-#[tokio::test]
-async fn t31_a_status_notification_is_sent_on_one_stream_only() {
-    let server = Server::start(&[]);
+async fn t31_a_status_notification_is_sent_on_one_stream_only(driver: Driver) {
+    let server = Server::start_on(driver, &[]);
     let mut c = server.client().await;
     let mut h = c.headers();
     h.insert("accept", HeaderValue::from_static("text/event-stream"));
@@ -457,14 +465,15 @@ async fn t31_a_status_notification_is_sent_on_one_stream_only() {
     );
 }
 
+both_drivers!(t31_a_status_notification_is_sent_on_one_stream_only);
+
 /// Covers T-26: a task with two requests out at once (the second made
 /// while it is already input_required, which changes no status) gets both
 /// to the client on its tasks/result stream; with the tool in the server
 /// and in a worker process.
-#[tokio::test]
-async fn t26_two_requests_at_once_both_reach_the_waiting_client() {
+async fn t26_two_requests_at_once_both_reach_the_waiting_client(driver: Driver) {
     for flags in [&["--workers", "2"][..], &["--workers", "0"][..]] {
-        let server = Server::start(flags);
+        let server = Server::start_on(driver, flags);
         let _w = (flags[1] == "0").then(|| WorkerProc::start(&server, 0, &["--lease", "5"]));
         let mut c = elicit_client(&server).await;
         let t = c
@@ -509,3 +518,5 @@ async fn t26_two_requests_at_once_both_reach_the_waiting_client() {
         );
     }
 }
+
+both_drivers!(t26_two_requests_at_once_both_reach_the_waiting_client);

@@ -5,36 +5,24 @@
 
 #![allow(clippy::unwrap_used)] // tests: a failed unwrap is a failed test
 
+#[macro_use]
 mod common;
 
 use std::time::{Duration, Instant};
 
-use common::Server;
+use common::{DbReader, Driver, Server};
 use serde_json::{Value, json};
-use sqlx::sqlite::{SqliteConnectOptions, SqlitePool};
-
-async fn read_db(server: &Server) -> SqlitePool {
-    SqlitePool::connect_with(
-        SqliteConnectOptions::new()
-            .filename(server.db())
-            .read_only(true),
-    )
-    .await
-    .expect("open database read-only")
-}
 
 /// (state, attempt) of a task's job, read with plain SQL as an operator would.
-async fn job_state(db: &SqlitePool, task_id: &str) -> (String, i64) {
-    sqlx::query_as::<_, (String, i64)>(
-        "SELECT j.state, j.attempt FROM jobs j JOIN tasks t ON t.seq = j.task_seq WHERE t.task_id = ?",
+async fn job_state(db: &DbReader, task_id: &str) -> (String, i64) {
+    db.one(
+        "SELECT j.state, j.attempt FROM jobs j JOIN tasks t ON t.seq = j.task_seq WHERE t.task_id = $1",
+        &[task_id.into()],
     )
-    .bind(task_id)
-    .fetch_one(db)
     .await
-    .expect("job row")
 }
 
-async fn wait_running_attempt(db: &SqlitePool, task_id: &str, attempt: i64) {
+async fn wait_running_attempt(db: &DbReader, task_id: &str, attempt: i64) {
     let deadline = Instant::now() + Duration::from_secs(20);
     loop {
         let (state, a) = job_state(db, task_id).await;
@@ -49,9 +37,8 @@ async fn wait_running_attempt(db: &SqlitePool, task_id: &str, attempt: i64) {
     }
 }
 
-#[tokio::test]
-async fn restart_after_kill9_keeps_sessions_tasks_results_and_reruns_working_tasks() {
-    let mut server = Server::start(&["--lease", "2", "--workers", "2"]);
+async fn restart_after_kill9_keeps_sessions_tasks_results_and_reruns_working_tasks(driver: Driver) {
+    let mut server = Server::start_on(driver, &["--lease", "2", "--workers", "2"]);
     let mut c = server.client().await;
     let completed = c
         .call_task("sleep", json!({"seconds": 0, "message": "kept"}))
@@ -69,7 +56,7 @@ async fn restart_after_kill9_keeps_sessions_tasks_results_and_reruns_working_tas
     c.ok("tasks/cancel", json!({"taskId": cancelled})).await;
     c.wait_terminal(&completed, Duration::from_secs(10)).await;
     c.wait_terminal(&failed, Duration::from_secs(10)).await;
-    let db = read_db(&server).await;
+    let db = server.db_reader().await;
     wait_running_attempt(&db, &working, 1).await;
 
     let mut before = Vec::new();
@@ -119,13 +106,14 @@ async fn restart_after_kill9_keeps_sessions_tasks_results_and_reruns_working_tas
     );
 }
 
-#[tokio::test]
-async fn a_task_whose_worker_dies_on_every_attempt_fails_with_the_reason() {
-    let mut server = Server::start(&["--lease", "1", "--workers", "1"]);
+both_drivers!(restart_after_kill9_keeps_sessions_tasks_results_and_reruns_working_tasks);
+
+async fn a_task_whose_worker_dies_on_every_attempt_fails_with_the_reason(driver: Driver) {
+    let mut server = Server::start_on(driver, &["--lease", "1", "--workers", "1"]);
     let mut c = server.client().await;
     let t = c.call_task("sleep", json!({"seconds": 60})).await;
     let task_id = t["taskId"].as_str().unwrap().to_owned();
-    let db = read_db(&server).await;
+    let db = server.db_reader().await;
     // The demo tools allow 3 attempts: kill the server during each one.
     for attempt in 1..=3 {
         wait_running_attempt(&db, &task_id, attempt).await;
@@ -144,13 +132,12 @@ async fn a_task_whose_worker_dies_on_every_attempt_fails_with_the_reason() {
         "{e}"
     );
     // History shows each step, readable by an operator.
-    let history: Vec<(Option<String>, String)> = sqlx::query_as(
-        "SELECT from_status, to_status FROM v_task_history WHERE task_id = ? ORDER BY id",
-    )
-    .bind(&task_id)
-    .fetch_all(&db)
-    .await
-    .unwrap();
+    let history: Vec<(Option<String>, String)> = db
+        .all(
+            "SELECT from_status, to_status FROM v_task_history WHERE task_id = $1 ORDER BY id",
+            &[(&task_id).into()],
+        )
+        .await;
     assert_eq!(
         history,
         vec![
@@ -159,3 +146,5 @@ async fn a_task_whose_worker_dies_on_every_attempt_fails_with_the_reason() {
         ]
     );
 }
+
+both_drivers!(a_task_whose_worker_dies_on_every_attempt_fails_with_the_reason);

@@ -4,12 +4,13 @@
 
 #![allow(clippy::unwrap_used)] // tests: a failed unwrap is a failed test
 
+#[macro_use]
 mod common;
 
 use std::process::{Command, Output};
 use std::time::{Duration, Instant};
 
-use common::{Client, Raw, Server};
+use common::{Client, Driver, Raw, Server};
 use reqwest::header::{HeaderMap, HeaderValue};
 use serde_json::{Value, json};
 use sha2::{Digest, Sha256};
@@ -36,7 +37,7 @@ fn token_cli(server: &Server, args: &[&str]) -> Output {
         .arg("token")
         .args(args)
         .arg("--db")
-        .arg(server.db())
+        .arg(server.db_arg())
         .env_remove("TASKBROKER_DB")
         .env("RUST_LOG", "warn")
         .output()
@@ -183,7 +184,8 @@ async fn raw_of(response: reqwest::Response) -> Raw {
 
 /// Covers H-13: `token create` prints the token once, alone on the last
 /// stdout line; `token list` never shows a secret; the database holds only a
-/// 32-byte SHA-256 of the secret.
+/// 32-byte SHA-256 of the secret. (SQLite only: it searches the database
+/// and WAL files for the secrets.)
 #[tokio::test]
 async fn h13_token_cli_prints_once_and_stores_only_a_hash() {
     // Started first: the database exists and is migrated; tokens are made
@@ -264,9 +266,8 @@ async fn h13_token_cli_prints_once_and_stores_only_a_hash() {
 /// challenge; wrong secret, unknown id, malformed header -> 401
 /// invalid_token; a token in the query string -> 400 even with a valid
 /// header; revoked and expired tokens -> 401, at once for open sessions.
-#[tokio::test]
-async fn h13_requests_need_a_valid_bearer_token() {
-    let server = Server::start(&[]);
+async fn h13_requests_need_a_valid_bearer_token(driver: Driver) {
+    let server = Server::start_on(driver, &[]);
     let alice = create_token(&server, "alice", &[]);
     let (alice_id, alice_secret) = split_token(&alice);
     let other_secret = split_token(&create_token(&server, "other", &[]))
@@ -407,14 +408,15 @@ async fn h13_requests_need_a_valid_bearer_token() {
     }
 }
 
+both_drivers!(h13_requests_need_a_valid_bearer_token);
+
 /// Covers T-36 (and H-13): tasks and sessions belong to the principal.
 /// Another principal's task answers exactly like a made-up id on tasks/get,
 /// tasks/result and tasks/cancel, is absent from tasks/list, and its cursor
 /// is refused; another principal's session id answers 404 like an unknown
 /// one; one principal's sessions share its tasks.
-#[tokio::test]
-async fn t36_tasks_and_sessions_belong_to_their_principal() {
-    let server = Server::start(&["--page-size", "1", "--workers", "8"]);
+async fn t36_tasks_and_sessions_belong_to_their_principal(driver: Driver) {
+    let server = Server::start_on(driver, &["--page-size", "1", "--workers", "8"]);
     let alice = create_token(&server, "alice", &[]);
     let bob = create_token(&server, "bob", &[]);
     let mut a = authed(&server, &alice).await;
@@ -519,11 +521,12 @@ async fn t36_tasks_and_sessions_belong_to_their_principal() {
     assert_eq!(t["status"], "working");
 }
 
+both_drivers!(t36_tasks_and_sessions_belong_to_their_principal);
+
 /// Covers T-37: without any token, requests need no Authorization, and a
 /// session's tasks are invisible to another session.
-#[tokio::test]
-async fn t37_without_tokens_sessions_own_their_tasks() {
-    let server = Server::start(&[]);
+async fn t37_without_tokens_sessions_own_their_tasks(driver: Driver) {
+    let server = Server::start_on(driver, &[]);
     let mut a = server.client().await;
     let mut b = server.client().await;
     assert!(a.headers().get("authorization").is_none());
@@ -538,6 +541,8 @@ async fn t37_without_tokens_sessions_own_their_tasks() {
     assert!(!all_task_ids(&mut b).await.contains(&id));
     assert!(all_task_ids(&mut a).await.contains(&id));
 }
+
+both_drivers!(t37_without_tokens_sessions_own_their_tasks);
 
 /// Covers T-38: --max-open-tasks refuses the next task with -32000 naming
 /// max_open_tasks, until one ends.
@@ -978,9 +983,8 @@ async fn t39_repeated_refused_lookups_raise_a_warning() {
 /// on open sessions may reuse a 20 ms old look at whether tokens exist;
 /// initialize never does). An anonymous session opened before the first
 /// token is refused too once that look is renewed.
-#[tokio::test]
-async fn h13_first_token_closes_new_sessions_at_once() {
-    let server = Server::start(&[]);
+async fn h13_first_token_closes_new_sessions_at_once(driver: Driver) {
+    let server = Server::start_on(driver, &[]);
     let mut anonymous = server.client().await;
     assert_eq!(anonymous.ok("ping", json!({})).await, json!({}));
     // The look "no tokens" is now fresh in the server.
@@ -1005,3 +1009,5 @@ async fn h13_first_token_closes_new_sessions_at_once() {
         "ping on a session opened before the first token",
     );
 }
+
+both_drivers!(h13_first_token_closes_new_sessions_at_once);

@@ -3,11 +3,12 @@
 
 #![allow(clippy::unwrap_used)] // tests: a failed unwrap is a failed test
 
+#[macro_use]
 mod common;
 
 use std::time::{Duration, Instant};
 
-use common::{Client, Server, parse_time_ms};
+use common::{Client, Driver, Server, parse_time_ms};
 use serde_json::{Value, json};
 
 const RELATED: &str = "io.modelcontextprotocol/related-task";
@@ -292,9 +293,8 @@ async fn t14_a_waiting_result_returns_the_cancellation() {
 }
 
 /// Covers T-35, T-36.
-#[tokio::test]
-async fn t35_t36_unknown_and_foreign_task_ids_are_not_found() {
-    let server = Server::start(&[]);
+async fn t35_t36_unknown_and_foreign_task_ids_are_not_found(driver: Driver) {
+    let server = Server::start_on(driver, &[]);
     let mut a = server.client().await;
     let mut b = server.client().await;
     let t = a.call_task("sleep", json!({"seconds": 0})).await;
@@ -330,6 +330,8 @@ async fn t35_t36_unknown_and_foreign_task_ids_are_not_found() {
     );
 }
 
+both_drivers!(t35_t36_unknown_and_foreign_task_ids_are_not_found);
+
 /// Covers T-29.
 #[tokio::test]
 async fn t29_task_id_param_wins_over_related_task_meta() {
@@ -347,9 +349,8 @@ async fn t29_task_id_param_wins_over_related_task_meta() {
 }
 
 /// Covers T-17, T-19.
-#[tokio::test]
-async fn t17_t19_list_cursor_is_opaque_and_invalid_cursors_are_32602() {
-    let server = Server::start(&["--page-size", "2", "--workers", "0"]);
+async fn t17_t19_list_cursor_is_opaque_and_invalid_cursors_are_32602(driver: Driver) {
+    let server = Server::start_on(driver, &["--page-size", "2", "--workers", "0"]);
     let mut a = server.client().await;
     let mut b = server.client().await;
     for _ in 0..3 {
@@ -377,6 +378,51 @@ async fn t17_t19_list_cursor_is_opaque_and_invalid_cursors_are_32602() {
         assert_task_shape(task);
     }
 }
+
+both_drivers!(t17_t19_list_cursor_is_opaque_and_invalid_cursors_are_32602);
+
+/// Covers T-17, T-18: a walk through the pages lists every task of the
+/// session once, newest first, while tasks are created between pages (they
+/// are not in the walk); another session's walk lists none of them.
+async fn t17_t18_paging_lists_each_task_once_newest_first_under_inserts(driver: Driver) {
+    let server = Server::start_on(driver, &["--page-size", "7", "--workers", "0"]);
+    let mut a = server.client().await;
+    let mut b = server.client().await;
+    let mut created = Vec::new();
+    for _ in 0..40 {
+        created.push(a.call_task("sleep", json!({"seconds": 0})).await["taskId"].clone());
+    }
+    b.call_task("sleep", json!({"seconds": 0})).await;
+    let mut seen = Vec::new();
+    let mut cursor: Option<String> = None;
+    let mut pages = 0;
+    loop {
+        let params = match &cursor {
+            Some(c) => json!({"cursor": c}),
+            None => json!({}),
+        };
+        let page = a.ok("tasks/list", params).await;
+        pages += 1;
+        let tasks = page["tasks"].as_array().unwrap();
+        assert!(tasks.len() <= 7, "{page}");
+        seen.extend(tasks.iter().map(|t| t["taskId"].clone()));
+        // Created between pages: not in this walk.
+        a.call_task("sleep", json!({"seconds": 0})).await;
+        match page["nextCursor"].as_str() {
+            Some(next) => cursor = Some(next.to_owned()),
+            None => break,
+        }
+    }
+    assert_eq!(pages, 6, "40 tasks in pages of 7");
+    created.reverse();
+    assert_eq!(seen, created, "every task once, newest first");
+    // The other session pages through its one task only.
+    let page = b.ok("tasks/list", json!({})).await;
+    assert_eq!(page["tasks"].as_array().unwrap().len(), 1, "{page}");
+    assert!(page.get("nextCursor").is_none());
+}
+
+both_drivers!(t17_t18_paging_lists_each_task_once_newest_first_under_inserts);
 
 /// Covers T-10, T-34.
 #[tokio::test]

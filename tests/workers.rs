@@ -4,13 +4,14 @@
 
 #![allow(clippy::unwrap_used)] // tests: a failed unwrap is a failed test
 
+#[macro_use]
 mod common;
 
 use std::collections::{HashMap, HashSet};
 use std::process::Command;
 use std::time::{Duration, Instant};
 
-use common::{Server, WorkerProc, pid_alive};
+use common::{Client, Driver, Server, WorkerProc, pid_alive};
 use serde_json::{Value, json};
 
 /// A command tool that records the start and end of every execution
@@ -47,10 +48,10 @@ fn id(t: &Value) -> String {
 /// hundred ms and replaced. Every task ends terminal, none is lost, none
 /// completes twice, reruns show their attempt numbers, and no attempt of a
 /// job ever ran twice (T-22 fencing, lease recovery).
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn chaos_kill9_workers_exactly_once_visible_completion() {
+async fn chaos_kill9_workers_exactly_once_visible_completion(driver: Driver) {
     // The chaos is about workers, not the abuse limits.
-    let server = Server::start_with_config(
+    let server = Server::start_with_config_on(
+        driver,
         RECORDING_TOOL,
         &[
             "--workers",
@@ -78,25 +79,33 @@ async fn chaos_kill9_workers_exactly_once_visible_completion() {
         .map(|n| WorkerProc::start(&server, n, &flags))
         .collect();
     let mut c = server.client().await;
-    let mut ids = Vec::new();
-    for _ in 0..1000 {
-        ids.push(id(&c.call_task("record", json!({})).await));
-    }
+    // The tasks are created while the chaos goes on (the workers keep up
+    // with the client: chaos after the last creation would find little
+    // left to disturb).
+    let mut creator = Client::new(&server.url);
+    creator.session = c.session.clone();
+    let creating = tokio::spawn(async move {
+        let mut ids = Vec::new();
+        for _ in 0..1000 {
+            ids.push(id(&creator.call_task("record", json!({})).await));
+        }
+        ids
+    });
     // Chaos: kill a random worker every 300 ms and start a new one, until
-    // every task is terminal.
-    let db = server.read_db().await;
+    // every task is created and terminal.
+    let db = server.db_reader().await;
     let mut next = 3;
     let mut kills = 0;
     let mut seed: u64 = 0x2545_f491_4f6c_dd1d;
     let deadline = Instant::now() + Duration::from_secs(240);
     loop {
-        let open: i64 = sqlx::query_scalar(
-            "SELECT count(*) FROM tasks WHERE status IN ('working', 'input_required')",
-        )
-        .fetch_one(&db)
-        .await
-        .unwrap();
-        if open == 0 {
+        let open: i64 = db
+            .scalar(
+                "SELECT count(*) FROM tasks WHERE status IN ('working', 'input_required')",
+                &[],
+            )
+            .await;
+        if open == 0 && creating.is_finished() {
             break;
         }
         assert!(Instant::now() < deadline, "{open} tasks still open");
@@ -112,6 +121,7 @@ async fn chaos_kill9_workers_exactly_once_visible_completion() {
             kills += 1;
         }
     }
+    let ids = creating.await.unwrap();
     // Outcomes as the client sees them.
     let mut completed = 0;
     let mut failed = 0;
@@ -131,12 +141,12 @@ async fn chaos_kill9_workers_exactly_once_visible_completion() {
         }
     }
     // One terminal transition per task in the history (no double completion).
-    let terminal: Vec<(String, i64)> = sqlx::query_as(
-        "SELECT task_id, count(*) FROM task_events WHERE to_status IN ('completed','failed','cancelled') GROUP BY task_id",
-    )
-    .fetch_all(&db)
-    .await
-    .unwrap();
+    let terminal: Vec<(String, i64)> = db
+        .all(
+            "SELECT task_id, count(*) FROM task_events WHERE to_status IN ('completed','failed','cancelled') GROUP BY task_id",
+            &[],
+        )
+        .await;
     assert_eq!(terminal.len(), 1000, "every task has a terminal transition");
     assert!(
         terminal.iter().all(|(_, n)| *n == 1),
@@ -164,14 +174,14 @@ async fn chaos_kill9_workers_exactly_once_visible_completion() {
             ends.insert(key);
         }
     }
-    let final_attempts: HashMap<String, i64> = sqlx::query_as::<_, (String, i64)>(
-        "SELECT t.task_id, j.attempt FROM tasks t JOIN jobs j ON j.task_seq = t.seq",
-    )
-    .fetch_all(&db)
-    .await
-    .unwrap()
-    .into_iter()
-    .collect();
+    let final_attempts: HashMap<String, i64> = db
+        .all::<(String, i64)>(
+            "SELECT t.task_id, j.attempt FROM tasks t JOIN jobs j ON j.task_seq = t.seq",
+            &[],
+        )
+        .await
+        .into_iter()
+        .collect();
     for (task, attempt) in &recorded_attempt {
         assert_eq!(
             final_attempts[task], *attempt,
@@ -203,12 +213,17 @@ async fn chaos_kill9_workers_exactly_once_visible_completion() {
     assert!(completed > 900, "too many failures: {failed}");
 }
 
+both_drivers!(
+    chaos_kill9_workers_exactly_once_visible_completion;
+    flavor = "multi_thread",
+    worker_threads = 2
+);
+
 /// Acceptance: cancel of a running task stops the tool process (T-21), the
 /// task stays cancelled (T-22), and the job is not retried. Prints the
 /// measured delay from the cancel response to the process being gone.
-#[tokio::test]
-async fn cancel_stops_the_tool_process_quickly_and_is_not_retried() {
-    let server = Server::start_with_config(RECORDING_TOOL, &["--workers", "0"]);
+async fn cancel_stops_the_tool_process_quickly_and_is_not_retried(driver: Driver) {
+    let server = Server::start_with_config_on(driver, RECORDING_TOOL, &["--workers", "0"]);
     let cfg = server.config_path();
     let _w = WorkerProc::start(&server, 0, &["--config", &cfg, "--lease", "3"]);
     let mut c = server.client().await;
@@ -247,14 +262,13 @@ async fn cancel_stops_the_tool_process_quickly_and_is_not_retried() {
         c.ok("tasks/get", json!({"taskId": task_id})).await["status"],
         "cancelled"
     );
-    let db = server.read_db().await;
-    let (state, attempt, cancel): (String, i64, i64) = sqlx::query_as(
-        "SELECT j.state, j.attempt, j.cancel_requested FROM jobs j JOIN tasks t ON t.seq = j.task_seq WHERE t.task_id = ?",
-    )
-    .bind(&task_id)
-    .fetch_one(&db)
-    .await
-    .unwrap();
+    let db = server.db_reader().await;
+    let (state, attempt, cancel): (String, i64, i64) = db
+        .one(
+            "SELECT j.state, j.attempt, j.cancel_requested FROM jobs j JOIN tasks t ON t.seq = j.task_seq WHERE t.task_id = $1",
+            &[(&task_id).into()],
+        )
+        .await;
     assert_eq!(
         (state.as_str(), attempt, cancel),
         ("done", 1, 1),
@@ -262,12 +276,13 @@ async fn cancel_stops_the_tool_process_quickly_and_is_not_retried() {
     );
 }
 
+both_drivers!(cancel_stops_the_tool_process_quickly_and_is_not_retried);
+
 /// Acceptance: SIGTERM of a worker with jobs in flight. A job that fits in
 /// the grace period finishes there; one that does not is released and taken
 /// by another worker at once, long before its 30 s lease would expire.
-#[tokio::test]
-async fn sigterm_finishes_or_releases_jobs_to_another_worker_at_once() {
-    let server = Server::start_with_config(RECORDING_TOOL, &["--workers", "0"]);
+async fn sigterm_finishes_or_releases_jobs_to_another_worker_at_once(driver: Driver) {
+    let server = Server::start_with_config_on(driver, RECORDING_TOOL, &["--workers", "0"]);
     let cfg = server.config_path();
     let a = WorkerProc::start(
         &server,
@@ -286,12 +301,11 @@ async fn sigterm_finishes_or_releases_jobs_to_another_worker_at_once() {
     let mut c = server.client().await;
     let short = id(&c.call_task("slow", json!({"s": 0.5})).await);
     let long = id(&c.call_task("slow", json!({"s": 4})).await);
-    let db = server.read_db().await;
+    let db = server.db_reader().await;
     let running = || async {
-        let n: i64 = sqlx::query_scalar("SELECT count(*) FROM jobs WHERE state = 'running'")
-            .fetch_one(&db)
-            .await
-            .unwrap();
+        let n: i64 = db
+            .scalar("SELECT count(*) FROM jobs WHERE state = 'running'", &[])
+            .await;
         n
     };
     let deadline = Instant::now() + Duration::from_secs(15);
@@ -327,16 +341,20 @@ async fn sigterm_finishes_or_releases_jobs_to_another_worker_at_once() {
         log.contains("job released: queued for another worker"),
         "{log}"
     );
-    let state: String = sqlx::query_scalar("SELECT state FROM workers WHERE pid = ?")
-        .bind(a.pid())
-        .fetch_one(&db)
-        .await
-        .unwrap();
+    let state: String = db
+        .scalar(
+            "SELECT state FROM workers WHERE pid = $1",
+            &[a.pid().into()],
+        )
+        .await;
     assert_eq!(state, "stopped");
 }
 
+both_drivers!(sigterm_finishes_or_releases_jobs_to_another_worker_at_once);
+
 /// Acceptance: workers never migrate; a schema newer or older than they
 /// know is refused with a clear error, and `migrate` brings an old one up.
+/// (SQLite only: it builds and edits database files by hand.)
 #[tokio::test]
 async fn worker_refuses_newer_or_older_schemas() {
     let dir = tempfile::tempdir().unwrap();
@@ -433,21 +451,21 @@ async fn worker_refuses_newer_or_older_schemas() {
 
 /// The workers table shows live pools, marks a killed one dead after two
 /// missed leases, and a cleanly stopped one stopped.
-#[tokio::test]
-async fn workers_table_tracks_live_stopped_and_dead_workers() {
-    let server = Server::start_with_config(RECORDING_TOOL, &["--workers", "1", "--lease", "1"]);
+async fn workers_table_tracks_live_stopped_and_dead_workers(driver: Driver) {
+    let server =
+        Server::start_with_config_on(driver, RECORDING_TOOL, &["--workers", "1", "--lease", "1"]);
     let cfg = server.config_path();
     let mut killed = WorkerProc::start(&server, 0, &["--config", &cfg, "--lease", "1"]);
     let stopped = WorkerProc::start(&server, 1, &["--config", &cfg, "--lease", "1"]);
-    let db = server.read_db().await;
+    let db = server.db_reader().await;
     let state_of = |pid: i32| {
         let db = db.clone();
         async move {
-            sqlx::query_scalar::<_, String>("SELECT state FROM v_workers WHERE pid = ?")
-                .bind(pid)
-                .fetch_optional(&db)
-                .await
-                .unwrap()
+            db.scalar_optional::<String>(
+                "SELECT state FROM v_workers WHERE pid = $1",
+                &[pid.into()],
+            )
+            .await
         }
     };
     let wait_state = |pid: i32, want: &'static str| async move {
@@ -466,10 +484,9 @@ async fn workers_table_tracks_live_stopped_and_dead_workers() {
     };
     wait_state(killed.pid(), "live").await;
     wait_state(stopped.pid(), "live").await;
-    let kinds: Vec<String> = sqlx::query_scalar("SELECT kind FROM v_workers ORDER BY kind")
-        .fetch_all(&db)
-        .await
-        .unwrap();
+    let kinds: Vec<String> = db
+        .scalars("SELECT kind FROM v_workers ORDER BY kind", &[])
+        .await;
     assert_eq!(kinds, ["embedded", "process", "process"]);
     killed.kill9();
     stopped.term();
@@ -477,8 +494,10 @@ async fn workers_table_tracks_live_stopped_and_dead_workers() {
     wait_state(killed.pid(), "dead").await;
 }
 
+both_drivers!(workers_table_tracks_live_stopped_and_dead_workers);
+
 /// Claims read the partial index on queued jobs, so finished rows cost
-/// nothing.
+/// nothing. (SQLite only: it reads SQLite's EXPLAIN QUERY PLAN.)
 #[tokio::test]
 async fn claim_query_uses_the_partial_index_on_queued_jobs() {
     let server = Server::start(&["--workers", "0"]);
@@ -500,6 +519,7 @@ async fn claim_query_uses_the_partial_index_on_queued_jobs() {
 /// Worker processes and the server wake each other through `<db>-wake`
 /// (T-31 latency; see README "Operations"): the file sits beside the
 /// database, and however many commits poke it, it stays one byte.
+/// (SQLite only: PostgreSQL has no wake file, it signals by LISTEN/NOTIFY.)
 #[tokio::test]
 async fn wake_file_beside_the_database_stays_one_byte() {
     let server = Server::start(&["--workers", "0"]);

@@ -1,5 +1,6 @@
-//! MCP sessions (H-5): made by initialize, stored in SQLite so a restarted
-//! server still accepts them, cached in memory for the hot path.
+//! MCP sessions (H-5): made by initialize, stored in the database so a
+//! restarted server (or another server on the same database) still accepts
+//! them, cached in memory for the hot path.
 
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicI64, AtomicU8, Ordering};
@@ -16,6 +17,10 @@ use crate::tools::LogLevel;
 const TOUCH_EVERY_MS: i64 = 60_000;
 /// Cached sessions before the first pruning of idle ones.
 const PRUNE_FIRST: usize = 1024;
+/// How long (ms) a cached session is trusted before its row is read again,
+/// so that what other servers on the database did to it (ended it, used
+/// it) is seen here within this time.
+const RECHECK_EVERY_MS: i64 = 1_000;
 
 /// A live session.
 #[derive(Debug)]
@@ -29,6 +34,8 @@ pub struct Session {
     /// The principal that opened it (None without authentication).
     pub principal: Option<String>,
     last_touch: AtomicI64,
+    /// When its row was last read (or written) here.
+    checked_at: AtomicI64,
     /// Least severe log level the client wants (logging/setLevel), as an
     /// index into `LogLevel::ALL`.
     log_level: AtomicU8,
@@ -48,6 +55,7 @@ impl Session {
             protocol_version,
             client_capabilities,
             last_touch: AtomicI64::new(last_touch),
+            checked_at: AtomicI64::new(now_ms()),
             log_level: AtomicU8::new(1), // info until the client says
         }
     }
@@ -154,32 +162,26 @@ impl Sessions {
     /// A live session by id; None when unknown, ended or expired (-> 404).
     /// A session unused for the idle time expires here, at its next use,
     /// unless it owns a task whose ttl has not run out; the sweeper ends
-    /// the ones never used again.
+    /// the ones never used again. A cached session's row is read again
+    /// every [`RECHECK_EVERY_MS`], and before it expires here: another
+    /// server on the database may have ended it or used it since.
     pub async fn lookup(&self, id: &str) -> Result<Option<Arc<Session>>, StoreError> {
         let cached = self.read_cache().get(id).cloned();
-        let session = match cached {
-            Some(s) => s,
-            None => {
-                let Some(row) = self.store.session_get(id).await? else {
-                    return Ok(None);
-                };
-                if row.ended_at.is_some() {
-                    return Ok(None);
-                }
-                let session = Arc::new(Session::with(
-                    row.session_id.clone(),
-                    row.protocol_version,
-                    serde_json::from_str(&row.client_capabilities)
-                        .unwrap_or(Value::Object(Map::new())),
-                    row.last_seen_at,
-                    row.principal,
-                ));
-                self.remember(row.session_id, session.clone());
-                session
-            }
-        };
         let now = now_ms();
-        let last = session.last_touch.load(Ordering::Relaxed);
+        let (session, fresh) = match cached {
+            Some(s) if now - s.checked_at.load(Ordering::Relaxed) <= RECHECK_EVERY_MS => (s, false),
+            cached => match self.reread(id, cached, now).await? {
+                Some(s) => (s, true),
+                None => return Ok(None),
+            },
+        };
+        let mut last = session.last_touch.load(Ordering::Relaxed);
+        if now - last > self.idle_ms && !fresh {
+            let Some(s) = self.reread(id, Some(session.clone()), now).await? else {
+                return Ok(None);
+            };
+            last = s.last_touch.load(Ordering::Relaxed);
+        }
         if now - last > self.idle_ms && !self.store.session_owns_open_tasks(id, now).await? {
             tracing::info!(session = id, "session expired: idle");
             self.end(id).await?;
@@ -190,6 +192,42 @@ impl Sessions {
             session.last_touch.store(now, Ordering::Relaxed);
             self.store.session_touch(id, now).await?;
         }
+        Ok(Some(session))
+    }
+
+    /// Read a session's row: None (and out of the cache) when unknown or
+    /// ended; else the cached session brought up to date (its last use
+    /// through any server), or a new one cached.
+    async fn reread(
+        &self,
+        id: &str,
+        cached: Option<Arc<Session>>,
+        now: i64,
+    ) -> Result<Option<Arc<Session>>, StoreError> {
+        let row = match self.store.session_get(id).await? {
+            Some(row) if row.ended_at.is_none() => row,
+            _ => {
+                if cached.is_some() {
+                    self.write_cache().remove(id);
+                }
+                return Ok(None);
+            }
+        };
+        if let Some(session) = cached {
+            session
+                .last_touch
+                .fetch_max(row.last_seen_at, Ordering::Relaxed);
+            session.checked_at.store(now, Ordering::Relaxed);
+            return Ok(Some(session));
+        }
+        let session = Arc::new(Session::with(
+            row.session_id.clone(),
+            row.protocol_version,
+            serde_json::from_str(&row.client_capabilities).unwrap_or(Value::Object(Map::new())),
+            row.last_seen_at,
+            row.principal,
+        ));
+        self.remember(row.session_id, session.clone());
         Ok(Some(session))
     }
 

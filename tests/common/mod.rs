@@ -7,10 +7,62 @@ pub mod pg;
 use std::io::{BufRead, BufReader};
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use reqwest::header::{HeaderMap, HeaderValue};
 use serde_json::{Value, json};
+
+/// The storage driver a test server runs on.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Driver {
+    /// A temporary SQLite file, `<dir>/broker.db`.
+    Sqlite,
+    /// A fresh database of its own on the local PostgreSQL server
+    /// ([`pg::PgDb`]).
+    Postgres,
+}
+
+/// A server's database: the SQLite file in its directory, or a PostgreSQL
+/// database kept alive (dropped with its last server) by the servers on it.
+#[derive(Clone)]
+pub enum Db {
+    Sqlite,
+    Postgres(Arc<pg::PgDb>),
+}
+
+/// Make two tests of an `async fn name(driver: Driver)` test body:
+/// `name::sqlite` and `name::postgres`, the PostgreSQL one skipped (one
+/// line on stderr, see [`pg::available`]) where no PostgreSQL server
+/// answers. Arguments after `;` go to `#[tokio::test(...)]`.
+///
+/// ```ignore
+/// /// Covers T-1.
+/// async fn t1_something(driver: Driver) {
+///     let server = Server::start_on(driver, &[]);
+/// }
+/// both_drivers!(t1_something);
+/// both_drivers!(t2_busy; flavor = "multi_thread", worker_threads = 2);
+/// ```
+#[macro_export]
+macro_rules! both_drivers {
+    ($name:ident $(; $($test:tt)*)?) => {
+        mod $name {
+            #[tokio::test$(($($test)*))?]
+            async fn sqlite() {
+                super::$name($crate::common::Driver::Sqlite).await
+            }
+
+            #[tokio::test$(($($test)*))?]
+            async fn postgres() {
+                if !$crate::common::pg::available() {
+                    return;
+                }
+                super::$name($crate::common::Driver::Postgres).await
+            }
+        }
+    };
+}
 
 /// A running broker process. Killed (SIGKILL) when dropped; its temporary
 /// directory (database and log) is kept when the test fails.
@@ -20,34 +72,84 @@ pub struct Server {
     pub dir: PathBuf,
     keep: Option<tempfile::TempDir>,
     args: Vec<String>,
+    // Dropped after the process is killed (see Drop).
+    database: Db,
 }
 
 impl Server {
-    /// Start `taskbroker serve` with a fresh database and `extra` flags.
+    /// Start `taskbroker serve` with a fresh SQLite database and `extra`
+    /// flags.
     pub fn start(extra: &[&str]) -> Self {
-        let dir = tempfile::Builder::new()
-            .prefix("taskbroker-test-")
-            .tempdir()
-            .expect("tempdir");
-        let path = dir.path().to_path_buf();
-        Self::start_in(Some(dir), path, extra)
+        Self::start_on(Driver::Sqlite, extra)
     }
 
-    fn start_in(keep: Option<tempfile::TempDir>, dir: PathBuf, extra: &[&str]) -> Self {
+    /// Start `taskbroker serve` with a fresh database of `driver` and
+    /// `extra` flags. Panics for PostgreSQL where no server answers: check
+    /// [`pg::available`] first (as [`both_drivers!`] does).
+    pub fn start_on(driver: Driver, extra: &[&str]) -> Self {
+        let (keep, path) = temp_dir();
+        Self::start_in(Some(keep), path, Db::fresh(driver), extra)
+    }
+
+    /// Start another `taskbroker serve` on the database of `other` (a
+    /// directory and log of its own), with `extra` flags.
+    pub fn start_sharing(other: &Server, extra: &[&str]) -> Self {
+        let (keep, path) = temp_dir();
+        assert!(
+            matches!(other.database, Db::Postgres(_)),
+            "only a PostgreSQL database is shared between servers here"
+        );
+        Self::start_in(Some(keep), path, other.database.clone(), extra)
+    }
+
+    fn start_in(
+        keep: Option<tempfile::TempDir>,
+        dir: PathBuf,
+        database: Db,
+        extra: &[&str],
+    ) -> Self {
         let args: Vec<String> = extra.iter().map(|s| s.to_string()).collect();
-        let (child, url) = spawn(&dir, &args);
+        let db_arg = database.arg(&dir);
+        let (child, url) = spawn(&dir, &db_arg, &args);
         Self {
             child: Some(child),
             url,
             dir,
             keep,
             args,
+            database,
         }
     }
 
-    /// The database file.
+    /// The SQLite database file (panics on PostgreSQL: see [`Self::db_arg`]).
     pub fn db(&self) -> PathBuf {
+        assert!(
+            self.driver() == Driver::Sqlite,
+            "Server::db() is the SQLite file; this server runs on PostgreSQL (use db_arg())"
+        );
         self.dir.join("broker.db")
+    }
+
+    /// What `--db` takes for this server's database: the SQLite file's path
+    /// or the PostgreSQL URL.
+    pub fn db_arg(&self) -> String {
+        self.database.arg(&self.dir)
+    }
+
+    /// The driver this server runs on.
+    pub fn driver(&self) -> Driver {
+        match self.database {
+            Db::Sqlite => Driver::Sqlite,
+            Db::Postgres(_) => Driver::Postgres,
+        }
+    }
+
+    /// The PostgreSQL database, on that driver (to run `psql`).
+    pub fn pg(&self) -> Option<&pg::PgDb> {
+        match &self.database {
+            Db::Sqlite => None,
+            Db::Postgres(pg) => Some(pg),
+        }
     }
 
     /// kill -9 the server, then start it again on the same database and
@@ -64,10 +166,11 @@ impl Server {
         let mut args = self.args.clone();
         args.push("--listen".into());
         args.push(format!("127.0.0.1:{port}"));
+        let db_arg = self.db_arg();
         let deadline = Instant::now() + Duration::from_secs(10);
         loop {
             // The old socket may linger for a moment after SIGKILL.
-            match try_spawn(&self.dir, &args) {
+            match try_spawn(&self.dir, &db_arg, &args) {
                 Ok((child, url)) => {
                     self.child = Some(child);
                     self.url = url;
@@ -120,16 +223,45 @@ impl Drop for Server {
     }
 }
 
-fn spawn(dir: &Path, args: &[String]) -> (Child, String) {
+fn temp_dir() -> (tempfile::TempDir, PathBuf) {
+    let dir = tempfile::Builder::new()
+        .prefix("taskbroker-test-")
+        .tempdir()
+        .expect("tempdir");
+    let path = dir.path().to_path_buf();
+    (dir, path)
+}
+
+impl Db {
+    /// A fresh database of `driver`.
+    pub fn fresh(driver: Driver) -> Self {
+        match driver {
+            Driver::Sqlite => Db::Sqlite,
+            Driver::Postgres => Db::Postgres(Arc::new(
+                pg::PgDb::create().expect("PostgreSQL is not available here"),
+            )),
+        }
+    }
+
+    /// What `--db` takes, for a server whose directory is `dir`.
+    pub fn arg(&self, dir: &Path) -> String {
+        match self {
+            Db::Sqlite => dir.join("broker.db").display().to_string(),
+            Db::Postgres(pg) => pg.url.clone(),
+        }
+    }
+}
+
+fn spawn(dir: &Path, db_arg: &str, args: &[String]) -> (Child, String) {
     let mut args = args.to_vec();
     if !args.iter().any(|a| a == "--listen") {
         args.push("--listen".into());
         args.push("127.0.0.1:0".into());
     }
-    try_spawn(dir, &args).expect("broker did not start")
+    try_spawn(dir, db_arg, &args).expect("broker did not start")
 }
 
-fn try_spawn(dir: &Path, args: &[String]) -> Result<(Child, String), String> {
+fn try_spawn(dir: &Path, db_arg: &str, args: &[String]) -> Result<(Child, String), String> {
     let log = std::fs::OpenOptions::new()
         .create(true)
         .append(true)
@@ -138,7 +270,7 @@ fn try_spawn(dir: &Path, args: &[String]) -> Result<(Child, String), String> {
     let mut child = Command::new(env!("CARGO_BIN_EXE_taskbroker"))
         .arg("serve")
         .arg("--db")
-        .arg(dir.join("broker.db"))
+        .arg(db_arg)
         .args(args)
         .env("RUST_LOG", "info,sqlx=warn")
         .stdout(Stdio::piped())
@@ -520,7 +652,7 @@ pub struct WorkerProc {
 
 impl WorkerProc {
     /// Start `taskbroker worker --db <server db>` with `extra` flags; its
-    /// log goes to `<server dir>/worker-<n>.log`.
+    /// log goes to `<server dir>/worker-<n>.log`. On either driver.
     pub fn start(server: &Server, n: usize, extra: &[&str]) -> Self {
         let log = server.dir.join(format!("worker-{n}.log"));
         let file = std::fs::OpenOptions::new()
@@ -531,7 +663,7 @@ impl WorkerProc {
         let child = Command::new(env!("CARGO_BIN_EXE_taskbroker"))
             .arg("worker")
             .arg("--db")
-            .arg(server.db())
+            .arg(server.db_arg())
             .args(extra)
             .env("RUST_LOG", "info,sqlx=warn")
             .stdout(Stdio::null())
@@ -574,11 +706,12 @@ impl Server {
     /// Start a server whose config file (written into its directory) holds
     /// `config`; `extra` flags as in [`Server::start`].
     pub fn start_with_config(config: &str, extra: &[&str]) -> Self {
-        let dir = tempfile::Builder::new()
-            .prefix("taskbroker-test-")
-            .tempdir()
-            .expect("tempdir");
-        let path = dir.path().to_path_buf();
+        Self::start_with_config_on(Driver::Sqlite, config, extra)
+    }
+
+    /// [`Server::start_with_config`] on `driver`.
+    pub fn start_with_config_on(driver: Driver, config: &str, extra: &[&str]) -> Self {
+        let (dir, path) = temp_dir();
         let config = config.replace("@DIR@", &path.display().to_string());
         std::fs::write(path.join("taskbroker.toml"), config).unwrap();
         let cfg = path.join("taskbroker.toml").display().to_string();
@@ -586,7 +719,7 @@ impl Server {
         args.extend_from_slice(extra);
         let args: Vec<String> = args.iter().map(|s| s.to_string()).collect();
         let refs: Vec<&str> = args.iter().map(String::as_str).collect();
-        Self::start_in(Some(dir), path, &refs)
+        Self::start_in(Some(dir), path, Db::fresh(driver), &refs)
     }
 
     /// The config file written by [`Server::start_with_config`].
@@ -594,7 +727,26 @@ impl Server {
         self.dir.join("taskbroker.toml").display().to_string()
     }
 
-    /// A read-only pool on the database, as an operator's sqlite3 would be.
+    /// A read-only pool on the database, on either driver, as an
+    /// operator's sqlite3 or psql would be.
+    pub async fn db_reader(&self) -> DbReader {
+        match &self.database {
+            Db::Sqlite => DbReader::Sqlite(self.read_db().await),
+            Db::Postgres(pg) => {
+                let options: sqlx::postgres::PgConnectOptions =
+                    pg.url.parse().expect("a PostgreSQL URL");
+                let pool = sqlx::postgres::PgPoolOptions::new()
+                    .max_connections(2)
+                    .connect_with(options.options([("default_transaction_read_only", "on")]))
+                    .await
+                    .expect("connect to the PostgreSQL database");
+                DbReader::Postgres(pool)
+            }
+        }
+    }
+
+    /// A read-only pool on the SQLite database, as an operator's sqlite3
+    /// would be (SQLite only: see [`Self::db_reader`] for both drivers).
     pub async fn read_db(&self) -> sqlx::SqlitePool {
         sqlx::SqlitePool::connect_with(
             sqlx::sqlite::SqliteConnectOptions::new()
@@ -622,17 +774,14 @@ impl Server {
     /// port of a server just killed: a new database behind the same URL),
     /// retrying while the old socket lingers.
     pub fn start_fresh_on(port: u16, extra: &[&str]) -> Self {
-        let dir = tempfile::Builder::new()
-            .prefix("taskbroker-test-")
-            .tempdir()
-            .expect("tempdir");
-        let path = dir.path().to_path_buf();
+        let (dir, path) = temp_dir();
+        let db_arg = Db::Sqlite.arg(&path);
         let mut args: Vec<String> = extra.iter().map(|s| s.to_string()).collect();
         args.push("--listen".into());
         args.push(format!("127.0.0.1:{port}"));
         let deadline = Instant::now() + Duration::from_secs(10);
         loop {
-            match try_spawn(&path, &args) {
+            match try_spawn(&path, &db_arg, &args) {
                 Ok((child, url)) => {
                     return Self {
                         child: Some(child),
@@ -640,6 +789,7 @@ impl Server {
                         dir: path,
                         keep: Some(dir),
                         args,
+                        database: Db::Sqlite,
                     };
                 }
                 Err(e) if Instant::now() < deadline => {
@@ -658,5 +808,151 @@ impl Server {
             .next()
             .and_then(|p| p.trim_end_matches("/mcp").parse().ok())
             .expect("a port in the URL")
+    }
+}
+
+/// A value bound to a `$n` parameter of a [`DbReader`] query.
+#[derive(Debug, Clone)]
+pub enum Arg {
+    Text(String),
+    Int(i64),
+}
+
+impl From<&str> for Arg {
+    fn from(s: &str) -> Self {
+        Arg::Text(s.to_owned())
+    }
+}
+
+impl From<String> for Arg {
+    fn from(s: String) -> Self {
+        Arg::Text(s)
+    }
+}
+
+impl From<&String> for Arg {
+    fn from(s: &String) -> Self {
+        Arg::Text(s.clone())
+    }
+}
+
+impl From<i64> for Arg {
+    fn from(n: i64) -> Self {
+        Arg::Int(n)
+    }
+}
+
+impl From<i32> for Arg {
+    fn from(n: i32) -> Self {
+        Arg::Int(n.into())
+    }
+}
+
+/// A read-only pool on a server's database, on either driver
+/// ([`Server::db_reader`]). Queries are plain SQL both databases accept,
+/// with `$1`, `$2`, ... parameters (SQLite reads `$n` as the n-th
+/// argument too); rows decode into tuples.
+#[derive(Clone)]
+pub enum DbReader {
+    Sqlite(sqlx::SqlitePool),
+    Postgres(sqlx::PgPool),
+}
+
+/// A row type both drivers decode (tuples of i64, String, Option<_>, ...).
+pub trait Row:
+    for<'r> sqlx::FromRow<'r, sqlx::sqlite::SqliteRow>
+    + for<'r> sqlx::FromRow<'r, sqlx::postgres::PgRow>
+    + Send
+    + Unpin
+{
+}
+
+impl<T> Row for T where
+    T: for<'r> sqlx::FromRow<'r, sqlx::sqlite::SqliteRow>
+        + for<'r> sqlx::FromRow<'r, sqlx::postgres::PgRow>
+        + Send
+        + Unpin
+{
+}
+
+/// `query_as` on the pool of either driver, with `args` bound in order,
+/// then `$fetch` (fetch_all, fetch_one, fetch_optional).
+macro_rules! reader_query {
+    ($reader:expr, $sql:expr, $args:expr, $fetch:ident) => {
+        match $reader {
+            DbReader::Sqlite(pool) => {
+                let mut q = sqlx::query_as(sqlx::AssertSqlSafe($sql.to_owned()));
+                for a in $args {
+                    q = match a {
+                        Arg::Text(s) => q.bind(s.clone()),
+                        Arg::Int(n) => q.bind(*n),
+                    };
+                }
+                q.$fetch(pool).await
+            }
+            DbReader::Postgres(pool) => {
+                let mut q = sqlx::query_as(sqlx::AssertSqlSafe($sql.to_owned()));
+                for a in $args {
+                    q = match a {
+                        Arg::Text(s) => q.bind(s.clone()),
+                        Arg::Int(n) => q.bind(*n),
+                    };
+                }
+                q.$fetch(pool).await
+            }
+        }
+        .unwrap_or_else(|e| panic!("{}: {e}", $sql))
+    };
+}
+
+impl DbReader {
+    /// Every row.
+    pub async fn all<T: Row>(&self, sql: &str, args: &[Arg]) -> Vec<T> {
+        reader_query!(self, sql, args, fetch_all)
+    }
+
+    /// The one row (panics without one).
+    pub async fn one<T: Row>(&self, sql: &str, args: &[Arg]) -> T {
+        reader_query!(self, sql, args, fetch_one)
+    }
+
+    /// The row, if any.
+    pub async fn optional<T: Row>(&self, sql: &str, args: &[Arg]) -> Option<T> {
+        reader_query!(self, sql, args, fetch_optional)
+    }
+
+    /// The first column of the one row.
+    pub async fn scalar<T>(&self, sql: &str, args: &[Arg]) -> T
+    where
+        (T,): Row,
+    {
+        self.one::<(T,)>(sql, args).await.0
+    }
+
+    /// The first column of every row.
+    pub async fn scalars<T>(&self, sql: &str, args: &[Arg]) -> Vec<T>
+    where
+        (T,): Row,
+    {
+        self.all::<(T,)>(sql, args)
+            .await
+            .into_iter()
+            .map(|(v,)| v)
+            .collect()
+    }
+
+    /// The first column of the row, if any.
+    pub async fn scalar_optional<T>(&self, sql: &str, args: &[Arg]) -> Option<T>
+    where
+        (T,): Row,
+    {
+        self.optional::<(T,)>(sql, args).await.map(|(v,)| v)
+    }
+
+    pub async fn close(&self) {
+        match self {
+            DbReader::Sqlite(pool) => pool.close().await,
+            DbReader::Postgres(pool) => pool.close().await,
+        }
     }
 }
