@@ -3,7 +3,6 @@
 //! `--db`. Only the broker (and `app.rs`, which opens it) holds a
 //! [`Store`]; nothing above the broker calls it.
 
-use std::fmt;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
@@ -38,21 +37,6 @@ impl Database {
             Self::Sqlite(db.to_owned())
         }
     }
-
-    /// Whether `--db` names a server rather than a file.
-    pub fn is_url(db: &Path) -> bool {
-        matches!(Self::parse(db), Self::Postgres(_))
-    }
-}
-
-impl fmt::Display for Database {
-    /// The location without a password.
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        match self {
-            Self::Sqlite(path) => write!(f, "{}", path.display()),
-            Self::Postgres(url) => f.write_str(&without_password(url)),
-        }
-    }
 }
 
 /// `postgres://user:secret@host/db` as `postgres://user@host/db`.
@@ -60,8 +44,8 @@ pub fn without_password(url: &str) -> String {
     taskbroker_postgres::without_password(url)
 }
 
-/// Open (creating and migrating if needed) the database: `serve`,
-/// `token`, `tasks --db`.
+/// Open (creating and migrating if needed) the database: `serve` and
+/// `token`.
 pub async fn open(db: &Path, durability: Durability) -> Result<Store, StoreError> {
     match Database::parse(db) {
         Database::Sqlite(path) => Ok(Arc::new(SqliteStore::open(&path, durability).await?)),
