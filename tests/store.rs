@@ -382,6 +382,7 @@ fn new_task(task_id: &str, owner: &str) -> NewTask {
         poll_interval_ms: Some(500),
         progress_token: None,
         session_id: None,
+        client_capabilities: None,
     }
 }
 

@@ -83,6 +83,33 @@ pub struct Task {
     pub progress_token: Option<Value>,
 }
 
+/// Who creates a task, as a front end knows it.
+#[derive(Debug, Clone, Copy)]
+pub struct Caller<'a> {
+    /// Whose task it is: `principal:<name>` with tokens; without,
+    /// `session:<id>` (2025-11-25) or [`STATELESS_OWNER`] (2026-07-28).
+    pub owner: &'a str,
+    /// The 2025-11-25 session the request came in (its capabilities apply).
+    pub session_id: Option<&'a str>,
+    /// The client capabilities the request itself declared (2026-07-28).
+    pub client_capabilities: Option<&'a Value>,
+}
+
+/// The owner of tasks created without tokens and without a session
+/// (MCP 2026-07-28): whoever holds such a task's id may read and cancel it.
+pub const STATELESS_OWNER: &str = "stateless";
+
+/// One look at a task: the row, its outcome, its open requests.
+#[derive(Debug, Clone)]
+pub struct TaskDetail {
+    /// The task.
+    pub task: Task,
+    /// Its outcome ([`TaskResult::Pending`] until terminal).
+    pub outcome: TaskResult,
+    /// Requests to the client it waits on (while input_required).
+    pub pending: Vec<TaskMessage>,
+}
+
 /// What tasks/result finds.
 #[derive(Debug, Clone, PartialEq)]
 pub enum TaskResult {
@@ -388,13 +415,13 @@ impl Broker {
     /// result (H-10) without running.
     pub async fn tools_call_task(
         &self,
-        owner: &str,
-        session_id: &str,
+        caller: &Caller<'_>,
         name: &str,
         arguments: Map<String, Value>,
         requested_ttl: Option<i64>,
         progress_token: Option<Value>,
     ) -> Result<Task, BrokerError> {
+        let owner = caller.owner;
         let tool = self.tool_for_call(name, true)?;
         let ttl_ms = self.effective_ttl(requested_ttl)?;
         let arguments = Value::Object(arguments);
@@ -423,7 +450,8 @@ impl Broker {
             ttl_ms,
             poll_interval_ms: Some(self.config.poll_interval_ms),
             progress_token: progress_token.map(|t| t.to_string()),
-            session_id: Some(session_id.to_owned()),
+            session_id: caller.session_id.map(str::to_owned),
+            client_capabilities: caller.client_capabilities.map(Value::to_string),
         };
         let job = refused.is_none().then_some(NewJob {
             max_attempts: tool.definition().max_attempts.max(1),
@@ -454,6 +482,55 @@ impl Broker {
     /// tasks/get.
     pub async fn tasks_get(&self, owner: &str, task_id: &str) -> Result<Task, BrokerError> {
         Ok(task_from_row(&self.visible_row(owner, task_id).await?))
+    }
+
+    /// A task with what a stateless client reads in one look (MCP
+    /// 2026-07-28 `tasks/get`): its outcome once terminal, and its
+    /// unanswered requests while input_required.
+    pub async fn task_detail(&self, owner: &str, task_id: &str) -> Result<TaskDetail, BrokerError> {
+        let row = self.visible_row(owner, task_id).await?;
+        let pending = if row.status == TaskStatus::InputRequired {
+            self.store.task_messages_pending(task_id).await?
+        } else {
+            Vec::new()
+        };
+        Ok(TaskDetail {
+            task: task_from_row(&row),
+            outcome: result_of(&row),
+            pending,
+        })
+    }
+
+    /// Answers to a task's requests, by request id (MCP 2026-07-28
+    /// `tasks/update`): each answer of a request this task has pending is
+    /// stored as the client's response; other ids are ignored. Returns how
+    /// many were stored.
+    pub async fn answer_task_requests(
+        &self,
+        owner: &str,
+        task_id: &str,
+        answers: &Map<String, Value>,
+    ) -> Result<usize, BrokerError> {
+        let row = self.visible_row(owner, task_id).await?;
+        if answers.is_empty() || row.status != TaskStatus::InputRequired {
+            return Ok(0);
+        }
+        let mut stored = 0;
+        for message in self.store.task_messages_pending(task_id).await? {
+            let Some(answer) = answers.get(&message.request_id) else {
+                continue;
+            };
+            let response = serde_json::json!({
+                "jsonrpc": "2.0", "id": message.request_id, "result": answer
+            });
+            if self
+                .answer_task_request(owner, &message.request_id, &response)
+                .await?
+            {
+                stored += 1;
+            }
+        }
+        Ok(stored)
     }
 
     /// tasks/result, first look: the stored outcome, or what waiting for it

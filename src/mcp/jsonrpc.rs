@@ -17,6 +17,13 @@ pub enum ErrorCode {
     InternalError,
     /// -32800: the task was cancelled, answered by `tasks/result`.
     RequestCancelled,
+    /// -32020 (2026-07-28): an MCP header disagrees with the body.
+    HeaderMismatch,
+    /// -32021 (2026-07-28): the request needs a client capability it did
+    /// not declare.
+    MissingCapability,
+    /// -32022 (2026-07-28): the protocol version is not served.
+    UnsupportedVersion,
     /// Any other code (e.g. from a client's error response).
     Other(i64),
 }
@@ -31,6 +38,9 @@ impl ErrorCode {
             Self::InvalidParams => -32602,
             Self::InternalError => -32603,
             Self::RequestCancelled => -32800,
+            Self::HeaderMismatch => -32020,
+            Self::MissingCapability => -32021,
+            Self::UnsupportedVersion => -32022,
             Self::Other(code) => code,
         }
     }
@@ -77,6 +87,9 @@ impl RpcError {
             -32602 => ErrorCode::InvalidParams,
             -32603 => ErrorCode::InternalError,
             -32800 => ErrorCode::RequestCancelled,
+            -32020 => ErrorCode::HeaderMismatch,
+            -32021 => ErrorCode::MissingCapability,
+            -32022 => ErrorCode::UnsupportedVersion,
             other => ErrorCode::Other(other),
         };
         Self {
@@ -88,6 +101,11 @@ impl RpcError {
                 .to_owned(),
             data: error.get("data").cloned(),
         }
+    }
+    /// The same error with `data`.
+    pub fn with_data(mut self, data: Value) -> Self {
+        self.data = Some(data);
+        self
     }
     /// -32603; the detail is logged by the caller, not sent.
     pub fn internal() -> Self {

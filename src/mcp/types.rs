@@ -120,6 +120,7 @@ pub struct Task {
 pub fn client_supports(capabilities: &Value, method: &str, params: &Value) -> bool {
     match method {
         "sampling/createMessage" => capabilities.get("sampling").is_some(),
+        "roots/list" => capabilities.get("roots").is_some(),
         "elicitation/create" => {
             let Some(elicitation) = capabilities.get("elicitation") else {
                 return false;

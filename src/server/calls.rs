@@ -196,6 +196,7 @@ fn on_event(
             method,
             params,
             reply,
+            ..
         } => {
             if !call.sse {
                 let _ = reply.send(Err(RpcError::new(

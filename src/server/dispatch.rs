@@ -145,8 +145,11 @@ async fn tools_call(
         let token = progress_token.map(|t| serde_json::to_value(t).unwrap_or(Value::Null));
         return match broker
             .tools_call_task(
-                &session.owner(),
-                &session.id,
+                &crate::broker::Caller {
+                    owner: &session.owner(),
+                    session_id: Some(&session.id),
+                    client_capabilities: None,
+                },
                 &params.name,
                 arguments,
                 task.ttl,

@@ -355,20 +355,29 @@ pub fn conformance_tools() -> Vec<Arc<dyn Tool>> {
         ),
         fixture(
             "json_schema_2020_12_tool",
-            "Takes arguments described by a JSON Schema 2020-12 document with $defs.",
+            "Takes arguments described by a JSON Schema 2020-12 document: $defs with $anchor, \
+             composition (allOf/anyOf) and conditionals (if/then/else).",
             json!({
                 "$schema": "https://json-schema.org/draft/2020-12/schema",
                 "type": "object",
                 "$defs": {
                     "address": {
+                        "$anchor": "addressDef",
                         "type": "object",
                         "properties": { "street": { "type": "string" }, "city": { "type": "string" } }
                     }
                 },
                 "properties": {
                     "name": { "type": "string" },
-                    "address": { "$ref": "#/$defs/address" }
+                    "address": { "$ref": "#/$defs/address" },
+                    "contactMethod": { "type": "string", "enum": ["phone", "email"] },
+                    "phone": { "type": "string" },
+                    "email": { "type": "string" }
                 },
+                "allOf": [{ "anyOf": [{ "required": ["phone"] }, { "required": ["email"] }] }],
+                "if": { "properties": { "contactMethod": { "const": "phone" } }, "required": ["contactMethod"] },
+                "then": { "required": ["phone"] },
+                "else": { "required": ["email"] },
                 "additionalProperties": false
             }),
             |args, _| {
@@ -379,11 +388,13 @@ pub fn conformance_tools() -> Vec<Arc<dyn Tool>> {
         ),
     ];
     // The fixtures that ask the client may run as tasks too.
-    tools
+    let mut tools: Vec<Arc<dyn Tool>> = tools
         .into_iter()
         .map(|t| match t.definition().name.as_str() {
             "test_sampling" | "test_elicitation" => task_capable(t),
             _ => t,
         })
-        .collect()
+        .collect();
+    tools.extend(super::conformance_modern::tools());
+    tools
 }

@@ -3,6 +3,7 @@
 
 mod command;
 mod conformance;
+mod conformance_modern;
 mod demo;
 
 use std::collections::BTreeMap;
@@ -134,6 +135,9 @@ pub enum ToolEvent {
     /// A request to the client (sampling/createMessage, elicitation/create):
     /// the answer, or why there is none, goes back on `reply`.
     Request {
+        /// The name the tool gives this request, stable across retries (MCP
+        /// 2026-07-28 `inputRequests` keys); None: the runner names it.
+        key: Option<String>,
         /// JSON-RPC method.
         method: String,
         /// Its params.
@@ -241,9 +245,29 @@ impl ToolContext {
     /// Ask the client something (`sampling/createMessage`,
     /// `elicitation/create`) and wait for its answer.
     pub async fn request(&self, method: &str, params: Value) -> Result<Value, RpcError> {
+        self.send_request(None, method, params).await
+    }
+    /// [`ToolContext::request`] under a name of the tool's choosing. In a
+    /// plain call of a stateless (MCP 2026-07-28) client it is the key of
+    /// an `inputRequests` entry, answered under that key in a later retry
+    /// of the same call (the tool then runs again from the start and gets
+    /// the answer at once): keys must be unique within a call and the same
+    /// on every run. A task's requests are keyed by their stored request
+    /// ids instead, which outlive restarts.
+    pub async fn ask(&self, key: &str, method: &str, params: Value) -> Result<Value, RpcError> {
+        self.send_request(Some(key.to_owned()), method, params)
+            .await
+    }
+    async fn send_request(
+        &self,
+        key: Option<String>,
+        method: &str,
+        params: Value,
+    ) -> Result<Value, RpcError> {
         let (reply, answer) = oneshot::channel();
         self.events
             .send(ToolEvent::Request {
+                key,
                 method: method.to_owned(),
                 params,
                 reply,
@@ -274,6 +298,16 @@ impl ToolContext {
     }
 }
 
+/// What a tool needs before the broker creates its task (MCP 2026-07-28:
+/// multi-round requests happen before a task exists, SEP-2663).
+#[derive(Debug, Clone, PartialEq)]
+pub enum BeforeTask {
+    /// Create the task and run it with these arguments.
+    Run(Value),
+    /// Ask the client first: `inputRequests` by key (`{method, params}`).
+    Ask(Map<String, Value>),
+}
+
 /// A boxed tool future.
 pub type ToolFuture<'a> = Pin<Box<dyn Future<Output = ToolOutcome> + Send + 'a>>;
 
@@ -283,6 +317,14 @@ pub trait Tool: Send + Sync {
     fn definition(&self) -> &ToolDefinition;
     /// Run it with validated arguments.
     fn call(&self, arguments: Value, ctx: ToolContext) -> ToolFuture<'_>;
+    /// Called by the 2026-07-28 front end before it creates a task for this
+    /// tool, with the answers the client gave so far (by key): the
+    /// arguments to run with, or what to ask first. The default asks
+    /// nothing. 2025-11-25 clients have no such rounds: there the tool asks
+    /// while it runs, with [`ToolContext::request`].
+    fn before_task(&self, arguments: Value, _answers: &Map<String, Value>) -> BeforeTask {
+        BeforeTask::Run(arguments)
+    }
 }
 
 /// Why a registry could not be built.

@@ -397,7 +397,7 @@ impl WorkerPool {
                             progress.flush(self, &job).await;
                         }
                     }
-                    ToolEvent::Request { method, params, reply } => {
+                    ToolEvent::Request { method, params, reply, .. } => {
                         match self.ask_client(&job, &method, params).await {
                             Ok(request_id) => {
                                 asks.push((request_id, reply));

@@ -224,19 +224,22 @@ async fn create_many(
                 "poll_interval_ms": t.poll_interval_ms,
                 "progress_token": t.progress_token,
                 "session_id": t.session_id,
+                "client_capabilities": t.client_capabilities,
             })
         })
         .collect();
     let rows = sqlx::query_as!(
         TaskText,
         r#"INSERT INTO tasks (task_id, owner, tool, arguments, status, created_at, updated_at,
-                              ttl_ms, expires_at, poll_interval_ms, progress_token, session_id)
+                              ttl_ms, expires_at, poll_interval_ms, progress_token, session_id,
+                              client_capabilities)
            SELECT c.task_id, c.owner, c.tool, c.arguments, 'working', $1, $1, c.ttl_ms,
-                  c.expires_at, c.poll_interval_ms, c.progress_token, c.session_id
+                  c.expires_at, c.poll_interval_ms, c.progress_token, c.session_id,
+                  c.client_capabilities
              FROM jsonb_to_recordset($2::jsonb)
                   AS c(task_id text, owner text, tool text, arguments text, ttl_ms bigint,
                        expires_at bigint, poll_interval_ms bigint, progress_token text,
-                       session_id text)
+                       session_id text, client_capabilities text)
            RETURNING seq, task_id, owner, tool, arguments, status, status_message, created_at,
                      updated_at, ttl_ms, expires_at, poll_interval_ms, progress_token, result,
                      result_kind"#,

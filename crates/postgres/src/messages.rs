@@ -120,16 +120,18 @@ impl MessageStore for PostgresStore {
         Ok(AnswerOutcome::Stored)
     }
 
-    /// The capabilities (JSON text) the client of a task's owning session
-    /// declared; None when the owner is no session.
+    /// The capabilities (JSON text) the client that created a task
+    /// declared: with its request (2026-07-28), else in its session; None
+    /// when neither is known.
     async fn task_client_capabilities(&self, task_seq: i64) -> Result<Option<String>, StoreError> {
         let caps = sqlx::query_scalar!(
-            "SELECT s.client_capabilities FROM tasks t JOIN sessions s ON s.session_id = t.session_id
-              WHERE t.seq = $1",
+            r#"SELECT COALESCE(t.client_capabilities, s.client_capabilities) AS "caps?"
+                 FROM tasks t LEFT JOIN sessions s ON s.session_id = t.session_id
+                WHERE t.seq = $1"#,
             task_seq
         )
         .fetch_optional(&self.pool)
         .await?;
-        Ok(caps)
+        Ok(caps.flatten())
     }
 }

@@ -218,6 +218,7 @@ async fn create_many(
                 "poll_interval_ms": t.poll_interval_ms,
                 "progress_token": t.progress_token,
                 "session_id": t.session_id,
+                "client_capabilities": t.client_capabilities,
             })
         })
         .collect();
@@ -225,10 +226,12 @@ async fn create_many(
     let rows = sqlx::query_as!(
         TaskText,
         r#"INSERT INTO tasks (task_id, owner, tool, arguments, status, created_at, updated_at,
-                              ttl_ms, expires_at, poll_interval_ms, progress_token, session_id)
+                              ttl_ms, expires_at, poll_interval_ms, progress_token, session_id,
+                              client_capabilities)
            SELECT value ->> 'task_id', value ->> 'owner', value ->> 'tool', value ->> 'arguments',
                   'working', ?1, ?1, value ->> 'ttl_ms', value ->> 'expires_at',
-                  value ->> 'poll_interval_ms', value ->> 'progress_token', value ->> 'session_id'
+                  value ->> 'poll_interval_ms', value ->> 'progress_token', value ->> 'session_id',
+                  value ->> 'client_capabilities'
              FROM json_each(?2) ORDER BY key
            RETURNING seq AS "seq!", task_id AS "task_id!", owner AS "owner!", tool AS "tool!",
                      arguments AS "arguments!", status AS "status!",

@@ -327,8 +327,9 @@ pub(super) async fn create_in(
     let expires_at = new.ttl_ms.map(|ttl| now.saturating_add(ttl));
     let seq = sqlx::query_scalar!(
         r#"INSERT INTO tasks (task_id, owner, tool, arguments, status, created_at, updated_at,
-                              ttl_ms, expires_at, poll_interval_ms, progress_token, session_id)
-           VALUES (?, ?, ?, ?, 'working', ?, ?, ?, ?, ?, ?, ?)
+                              ttl_ms, expires_at, poll_interval_ms, progress_token, session_id,
+                              client_capabilities)
+           VALUES (?, ?, ?, ?, 'working', ?, ?, ?, ?, ?, ?, ?, ?)
            RETURNING seq"#,
         new.task_id,
         new.owner,
@@ -341,6 +342,7 @@ pub(super) async fn create_in(
         new.poll_interval_ms,
         new.progress_token,
         new.session_id,
+        new.client_capabilities,
     )
     .fetch_one(&mut *conn)
     .await?;

@@ -132,8 +132,11 @@ pub struct NewTask {
     pub poll_interval_ms: Option<i64>,
     /// progressToken as JSON text.
     pub progress_token: Option<String>,
-    /// The session that created it.
+    /// The session that created it (2025-11-25).
     pub session_id: Option<String>,
+    /// The client capabilities (JSON text) the creating request declared,
+    /// for requests without a session (2026-07-28).
+    pub client_capabilities: Option<String>,
 }
 
 /// The job that runs a new task.
