@@ -13,8 +13,8 @@ use crate::broker::{Broker, BrokerConfig, Feed, Writer, maintenance};
 use crate::defaults;
 use crate::server::connections::Deadlines;
 use crate::server::{
-    AppState, Audit, ClientRequests, RateLimiter, RequestLimits, ServerConfig, SessionStreams,
-    Sessions, StreamCounter, Streams, spawn_status_notifier,
+    AppState, Audit, ClientRequests, RateLimiter, RequestLimits, RequestStates, ServerConfig,
+    SessionStreams, Sessions, StreamCounter, Streams, spawn_status_notifier,
 };
 use crate::store::{self, Durability, Store, WorkerKind};
 use crate::tools::{Registry, Tool};
@@ -217,6 +217,10 @@ pub async fn serve(config: ServeConfig) -> anyhow::Result<()> {
             config.server.keep_alive,
         )),
         client_requests: Arc::new(ClientRequests::default()),
+        request_states: Arc::new(
+            RequestStates::random()
+                .map_err(|e| anyhow::anyhow!("drawing the requestState key from the OS: {e}"))?,
+        ),
         config: Arc::new(config.server.clone()),
         local_addr,
     };

@@ -1,7 +1,9 @@
 //! MCP wire format: JSON-RPC framing and the message shapes of MCP
-//! 2025-11-25 the broker reads and writes. Pure data: no I/O.
+//! 2025-11-25 the broker reads and writes, and of 2026-07-28 in
+//! [`modern`]. Pure data: no I/O.
 
 mod jsonrpc;
+pub mod modern;
 mod types;
 
 pub use jsonrpc::{

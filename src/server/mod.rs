@@ -1,7 +1,8 @@
 //! The MCP endpoint over Streamable HTTP: axum routes, origin checks,
 //! sessions, JSON and SSE responses, and the dispatch of methods to the
 //! broker. No SQL here. [`connections`] accepts connections and holds
-//! them to their deadlines and cap.
+//! them to their deadlines and cap. Two front ends share `/mcp`: 2025-11-25
+//! sessions ([`dispatch`]) and stateless 2026-07-28 requests ([`modern`]).
 
 mod audit;
 pub mod auth;
@@ -9,6 +10,7 @@ mod calls;
 pub mod connections;
 mod dispatch;
 mod limits;
+mod modern;
 mod notify;
 mod origin;
 mod refusals;
@@ -30,6 +32,7 @@ use crate::defaults;
 pub use audit::Audit;
 pub use calls::ClientRequests;
 pub use limits::{RateLimiter, Refusal, RequestLimits, Requestor, StreamCounter};
+pub use modern::state::StateKey as RequestStates;
 pub use notify::{SessionStreams, spawn_status_notifier};
 pub use sessions::{Session, Sessions};
 pub use streams::Streams;
@@ -108,6 +111,8 @@ pub struct AppState {
     pub streams: Arc<Streams>,
     /// Requests sent to clients, awaiting answers.
     pub client_requests: Arc<ClientRequests>,
+    /// Signs the requestState of 2026-07-28 multi-round calls.
+    pub request_states: Arc<RequestStates>,
     /// Open GET streams, for task status notifications.
     pub session_streams: Arc<SessionStreams>,
     /// Request rates per requestor, and of initialize per address.

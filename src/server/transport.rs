@@ -111,6 +111,17 @@ pub async fn mcp(State(state): State<AppState>, request: Request) -> Response {
         return r;
     }
     let principal = principal.as_ref();
+    // 2026-07-28 has no GET stream and no session to DELETE (SHTTP).
+    if parts.method != Method::POST && super::modern::names_modern_version(&parts.headers) {
+        let mut r = http_error(
+            StatusCode::METHOD_NOT_ALLOWED,
+            -32000,
+            "Method not allowed: MCP 2026-07-28 uses POST only (subscriptions/listen for notifications)",
+        );
+        r.headers_mut()
+            .insert(header::ALLOW, HeaderValue::from_static("POST"));
+        return r;
+    }
     match parts.method {
         Method::POST => post(state, parts.headers, body, principal).await,
         Method::GET => get(state, parts.headers, principal).await,
@@ -182,7 +193,7 @@ fn check_origin(state: &AppState, headers: &HeaderMap) -> Option<Response> {
     None
 }
 
-fn accepts(headers: &HeaderMap, media: &str) -> bool {
+pub(super) fn accepts(headers: &HeaderMap, media: &str) -> bool {
     let Some(accept) = header_str(headers, header::ACCEPT.as_str()) else {
         return false;
     };
@@ -219,8 +230,10 @@ async fn require_session(
             StatusCode::BAD_REQUEST,
             -32000,
             &format!(
-                "Bad Request: unsupported MCP-Protocol-Version '{version}' (supported: {})",
-                mcp::SUPPORTED_PROTOCOL_VERSIONS.join(", ")
+                "Bad Request: unsupported MCP-Protocol-Version '{version}' (supported: {} in a \
+                 session; {} with params._meta, no session)",
+                mcp::SUPPORTED_PROTOCOL_VERSIONS.join(", "),
+                mcp::modern::SUPPORTED_VERSIONS.join(", ")
             ),
         ));
     }
@@ -321,6 +334,19 @@ async fn post(
         Err(e) => return json_response(StatusCode::BAD_REQUEST, &error_response(None, &e)),
     };
     match message {
+        Incoming::Request { id, method, params }
+            if super::modern::speaks_modern(&headers, &method, params.as_ref()) =>
+        {
+            super::modern::post(&state, &headers, principal, id, method, params).await
+        }
+        // 2026-07-28 has no notifications or responses from clients on
+        // POST; one without a session is taken and dropped.
+        Incoming::Notification { .. } | Incoming::Response { .. }
+            if header_str(&headers, SESSION_HEADER).is_none()
+                && super::modern::names_modern_version(&headers) =>
+        {
+            StatusCode::ACCEPTED.into_response()
+        }
         Incoming::Request { id, method, params } if method == "initialize" => {
             initialize(&state, &id, params.as_ref(), principal).await
         }

@@ -1,0 +1,192 @@
+//! The tasks extension of MCP 2026-07-28 (`io.modelcontextprotocol/tasks`,
+//! SEP-2663) over the broker's tasks: the flat CreateTaskResult, the
+//! DetailedTask of `tasks/get` with its outcome or open requests inline,
+//! `tasks/update` answering those requests, and `tasks/cancel`'s plain
+//! acknowledgement.
+//!
+//! The stored outcome is kept as it happened; this front end maps it. A
+//! tool result with `isError` is `completed` here (it is `failed` to
+//! 2025-11-25 clients); a JSON-RPC error is `failed` with `error`.
+
+use serde_json::{Map, Value, json};
+
+use super::Refusal;
+use crate::broker::{BrokerError, Task, TaskDetail, TaskResult, TaskStatus};
+use crate::mcp::{self, RpcError, modern};
+use crate::server::AppState;
+use crate::store::TaskMessage;
+
+/// The fields every task shape shares (`ttlMs`, `pollIntervalMs`: the
+/// 2026-07-28 names).
+fn task_fields(task: &Task, status: TaskStatus) -> Map<String, Value> {
+    let mut obj = Map::new();
+    obj.insert("taskId".into(), json!(task.task_id));
+    obj.insert("status".into(), json!(status.as_str()));
+    if let Some(message) = &task.status_message {
+        obj.insert("statusMessage".into(), json!(message));
+    }
+    obj.insert("createdAt".into(), json!(mcp::format_time(task.created_at)));
+    obj.insert(
+        "lastUpdatedAt".into(),
+        json!(mcp::format_time(task.updated_at)),
+    );
+    obj.insert("ttlMs".into(), json!(task.ttl_ms));
+    if let Some(poll) = task.poll_interval_ms {
+        obj.insert("pollIntervalMs".into(), json!(poll));
+    }
+    obj
+}
+
+/// The CreateTaskResult a task-creating `tools/call` answers with.
+pub fn create_result(task: &Task) -> Value {
+    modern::with_result_type(Value::Object(task_fields(task, task.status)), "task")
+}
+
+/// The DetailedTask of `tasks/get` and `notifications/tasks`.
+pub fn detailed(detail: &TaskDetail) -> Value {
+    let task = &detail.task;
+    let mut status = task.status;
+    let mut inline = Map::new();
+    match &detail.outcome {
+        TaskResult::Result(result) => {
+            // A tool that reported an error still completed (SEP-2663).
+            status = TaskStatus::Completed;
+            inline.insert("result".into(), result.clone());
+        }
+        TaskResult::Error(error) => {
+            inline.insert("error".into(), error.clone());
+        }
+        TaskResult::Cancelled | TaskResult::Pending => {}
+    }
+    if task.status == TaskStatus::InputRequired {
+        inline.insert("inputRequests".into(), input_requests(&detail.pending));
+    }
+    let mut obj = task_fields(task, status);
+    if status == TaskStatus::Completed && task.status != TaskStatus::Completed {
+        // The 2025-11-25 message says "Tool execution failed"; here the
+        // task completed and the result says what went wrong.
+        obj.remove("statusMessage");
+    }
+    obj.extend(inline);
+    modern::complete(Value::Object(obj))
+}
+
+/// Open requests by key (the request id): `{method, params}`, without the
+/// related-task `_meta` that 2025-11-25 deliveries carry.
+fn input_requests(pending: &[TaskMessage]) -> Value {
+    let mut requests = Map::new();
+    for m in pending {
+        let mut params: Value = serde_json::from_str(&m.params).unwrap_or_else(|_| json!({}));
+        if let Some(meta) = params.get_mut("_meta").and_then(Value::as_object_mut) {
+            meta.remove(mcp::RELATED_TASK_META);
+            if meta.is_empty()
+                && let Some(obj) = params.as_object_mut()
+            {
+                obj.remove("_meta");
+            }
+        }
+        requests.insert(
+            m.request_id.clone(),
+            json!({ "method": m.method, "params": params }),
+        );
+    }
+    Value::Object(requests)
+}
+
+/// `{taskId}` of tasks/get and tasks/cancel; `{taskId, inputResponses}` of
+/// tasks/update.
+#[derive(serde::Deserialize)]
+#[serde(rename_all = "camelCase")]
+struct TaskParams {
+    task_id: String,
+    #[serde(default)]
+    input_responses: Option<Value>,
+}
+
+fn task_params(method: &str, params: Option<&Value>) -> Result<TaskParams, Refusal> {
+    mcp::parse_params(method, params).map_err(Refusal::rpc)
+}
+
+/// Unknown, foreign or expired tasks are -32602 (SEP-2663), and audited
+/// (someone may be guessing ids); store failures -32603.
+fn refusal(e: BrokerError, event: &'static str, owner: &str, task_id: &str) -> Refusal {
+    match e {
+        BrokerError::NotFound | BrokerError::Expired => {
+            tracing::info!(target: "audit", event, owner, task_id, reason = %e,
+                           protocol = modern::VERSION, "audit: refused");
+            Refusal::rpc(RpcError::invalid_params(format!(
+                "Invalid params: {e} (unknown task id, or not yours)"
+            )))
+        }
+        BrokerError::Store(inner) => {
+            tracing::error!(error = %inner, "store failure");
+            Refusal::rpc(RpcError::internal())
+        }
+        other => Refusal::rpc(RpcError::invalid_params(other.to_string())),
+    }
+}
+
+/// tasks/get.
+pub async fn get(state: &AppState, owner: &str, params: Option<&Value>) -> Result<Value, Refusal> {
+    let p = task_params("tasks/get", params)?;
+    let detail = state
+        .broker
+        .task_detail(owner, &p.task_id)
+        .await
+        .map_err(|e| refusal(e, "task.get", owner, &p.task_id))?;
+    Ok(detailed(&detail))
+}
+
+/// tasks/update: answers to open requests; unknown or already answered
+/// keys are ignored (SEP-2663), answers of the wrong shape refused.
+pub async fn update(
+    state: &AppState,
+    owner: &str,
+    params: Option<&Value>,
+) -> Result<Value, Refusal> {
+    let p = task_params("tasks/update", params)?;
+    let answers = match p.input_responses {
+        Some(Value::Object(answers)) => answers,
+        _ => {
+            return Err(Refusal::rpc(RpcError::invalid_params(
+                "Invalid params: tasks/update needs inputResponses, an object of answers by key",
+            )));
+        }
+    };
+    let detail = state
+        .broker
+        .task_detail(owner, &p.task_id)
+        .await
+        .map_err(|e| refusal(e, "task.update", owner, &p.task_id))?;
+    for m in &detail.pending {
+        if let Some(answer) = answers.get(&m.request_id) {
+            super::calls::check_answer(&m.request_id, &m.method, answer).map_err(Refusal::rpc)?;
+        }
+    }
+    let stored = state
+        .broker
+        .answer_task_requests(owner, &p.task_id, &answers)
+        .await
+        .map_err(|e| refusal(e, "task.update", owner, &p.task_id))?;
+    tracing::info!(task_id = %p.task_id, answered = stored, given = answers.len(), "tasks/update");
+    Ok(modern::complete(json!({})))
+}
+
+/// tasks/cancel: acknowledged with an empty result, also for a task that
+/// has already ended.
+pub async fn cancel(
+    state: &AppState,
+    owner: &str,
+    params: Option<&Value>,
+) -> Result<Value, Refusal> {
+    let p = task_params("tasks/cancel", params)?;
+    match state.broker.tasks_cancel(owner, &p.task_id).await {
+        Ok(_) => {
+            tracing::info!(target: "audit", event = "task.cancel", owner, task_id = %p.task_id,
+                           protocol = modern::VERSION, "audit");
+            Ok(modern::complete(json!({})))
+        }
+        Err(BrokerError::Terminal(_)) => Ok(modern::complete(json!({}))),
+        Err(e) => Err(refusal(e, "task.cancel", owner, &p.task_id)),
+    }
+}
