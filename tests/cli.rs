@@ -884,3 +884,107 @@ async fn issue12_p8_tasks_list_has_a_tool_column() {
     assert_eq!(columns(&failed)[1..3], ["failed", "fail"]);
     assert_eq!(columns(&other)[1..3], ["completed", "-"]);
 }
+
+/// Issue 16: `--protocol 2026-07-28` speaks the stateless generation. A
+/// plain call answers at once; `--task` declares the tasks extension, so
+/// `sleep` becomes a task followed with tasks/get (its result inline); a
+/// tool `isError` exits 1; `--detach` prints the id, which `tasks get` and
+/// `tasks result` reach from another invocation with no session and no
+/// state file; `tasks cancel` cancels; `tasks list` has no 2026 form
+/// (exit 2); a task-only tool without `--task` says to add it.
+#[tokio::test]
+async fn issue16_protocol_2026_calls_and_follows_tasks_without_a_session() {
+    let server = Server::start(&[]);
+    let cli = Cli::new();
+    let url = server.url.as_str();
+    fn with<'a>(args: &[&'a str]) -> Vec<&'a str> {
+        [args, &["--protocol", "2026-07-28"][..]].concat()
+    }
+
+    let out = cli
+        .run(url, &with(&["call", "echo", "--args", r#"{"a":1}"#]))
+        .await;
+    assert_eq!(out.code, Some(0), "{out:?}");
+    assert_eq!(out.stdout.trim(), r#"{"a":1}"#, "{out:?}");
+
+    let out = cli
+        .run(
+            url,
+            &with(&["call", "sleep", "--args", r#"{"seconds":1}"#, "--task"]),
+        )
+        .await;
+    assert_eq!(out.code, Some(0), "{out:?}");
+    assert_eq!(out.stdout.trim(), "slept 1 s", "{out:?}");
+    assert!(out.stderr.contains("taskbroker: task "), "{out:?}");
+
+    let out = cli.run(url, &with(&["call", "fail", "--task"])).await;
+    assert_eq!(out.code, Some(1), "{out:?}");
+    assert!(out.stderr.contains("the fail tool failed"), "{out:?}");
+
+    let out = cli
+        .run(
+            url,
+            &with(&["call", "sleep_as_task", "--args", r#"{"seconds":1}"#]),
+        )
+        .await;
+    assert_eq!(out.code, Some(1), "{out:?}");
+    assert!(
+        out.stderr.contains("-32021") && out.stderr.contains("add --task"),
+        "{out:?}"
+    );
+
+    let out = cli
+        .run(
+            url,
+            &with(&[
+                "call",
+                "sleep",
+                "--args",
+                r#"{"seconds":1}"#,
+                "--task",
+                "--detach",
+            ]),
+        )
+        .await;
+    assert_eq!(out.code, Some(0), "{out:?}");
+    let id = out.stdout.trim().to_owned();
+    uuid::Uuid::parse_str(&id).unwrap_or_else(|e| panic!("{id:?}: {e}"));
+    let other = Cli::new();
+    let out = other.run(url, &with(&["tasks", "result", &id])).await;
+    assert_eq!(out.code, Some(0), "{out:?}");
+    let task: Value = serde_json::from_str(&out.stdout)
+        .unwrap_or_else(|e| panic!("JSON of tasks result: {e}: {out:?}"));
+    assert_eq!(task["content"][0]["text"], "slept 1 s", "{out:?}");
+    let out = other.run(url, &with(&["tasks", "get", &id])).await;
+    assert_eq!(out.code, Some(0), "{out:?}");
+    let task: Value = serde_json::from_str(&out.stdout).unwrap();
+    assert_eq!(task["status"], "completed");
+    assert_eq!(task["result"]["content"][0]["text"], "slept 1 s");
+    assert!(
+        !other.state_file().exists(),
+        "no session state is kept for 2026"
+    );
+
+    let out = cli
+        .run(
+            url,
+            &with(&[
+                "call",
+                "sleep",
+                "--args",
+                r#"{"seconds":60}"#,
+                "--task",
+                "--detach",
+            ]),
+        )
+        .await;
+    let long = out.stdout.trim().to_owned();
+    let out = cli.run(url, &with(&["tasks", "cancel", &long])).await;
+    assert_eq!(out.code, Some(0), "{out:?}");
+    let task: Value = serde_json::from_str(&out.stdout).unwrap();
+    assert_eq!(task["status"], "cancelled", "{out:?}");
+
+    let out = cli.run(url, &with(&["tasks", "list"])).await;
+    assert_eq!(out.code, Some(2), "{out:?}");
+    assert!(out.stderr.contains("no tasks/list"), "{out:?}");
+}

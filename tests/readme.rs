@@ -579,3 +579,53 @@ async fn issue12_p7_curl_example_runs_as_written() {
     assert_eq!(result(7)["taskId"], json!(long));
     assert_eq!(result(7)["status"], "cancelled");
 }
+
+/// Issue 16: README's 2026-07-28 curl example, run as one bash script as
+/// written: server/discover advertises the tasks extension, `sleep` becomes
+/// a task (the request declares the extension) and tasks/get shows it
+/// completed with its result inline.
+#[tokio::test]
+async fn issue16_curl_2026_example_runs_as_written() {
+    let server = common::Server::start(&[]);
+    let sandbox = Sandbox::new();
+    let block = tested_block(&readme(), "curl-2026");
+    let default = "http://127.0.0.1:8808/mcp";
+    assert!(block.contains(default), "{block}");
+    let script = format!(
+        "{}\nprintf '\\nTASK=%s\\n' \"$TASK\"\n",
+        block.replace(default, &server.url)
+    );
+    std::fs::write(sandbox.path().join("curl.sh"), script).unwrap();
+    let out = sandbox
+        .bash()
+        .args(["-e", "-o", "pipefail", "curl.sh"])
+        .output()
+        .unwrap();
+    let stdout = String::from_utf8_lossy(&out.stdout).into_owned();
+    assert!(out.status.success(), "{out:?}");
+    let task = stdout
+        .lines()
+        .find_map(|l| l.strip_prefix("TASK="))
+        .unwrap_or_default()
+        .to_owned();
+    uuid::Uuid::parse_str(&task).unwrap_or_else(|e| panic!("TASK {task:?}: {e}: {stdout}"));
+    let by_id: BTreeMap<i64, Value> = messages(&stdout)
+        .into_iter()
+        .filter_map(|m| Some((m.get("id")?.as_i64()?, m)))
+        .collect();
+    let result = |id: i64| {
+        let m = by_id
+            .get(&id)
+            .unwrap_or_else(|| panic!("no answer {id}: {stdout}"));
+        assert!(m.get("error").is_none(), "answer {id} is an error: {m}");
+        m["result"].clone()
+    };
+    assert_eq!(
+        result(1)["capabilities"]["extensions"]["io.modelcontextprotocol/tasks"],
+        json!({})
+    );
+    assert_eq!(result(3)["taskId"], json!(task));
+    assert_eq!(result(3)["status"], "completed");
+    assert_eq!(result(3)["resultType"], "complete");
+    assert_eq!(result(3)["result"]["content"][0]["text"], "slept 2 s");
+}

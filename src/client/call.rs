@@ -13,11 +13,14 @@ use super::progress::Progress;
 use super::session::{CliSession, Origin};
 use super::{
     CLIENT_NAME, CallArgs, DEFAULT_URL, EXIT_FAILURE, EXIT_INTERRUPTED, EXIT_OK, EXIT_UNREACHABLE,
-    McpClient, McpError, Notification,
+    McpClient, McpError, Notification, Protocol,
 };
 
 /// Run `taskbroker call`; returns the process exit code.
 pub async fn run(args: CallArgs) -> u8 {
+    if args.protocol.protocol == Protocol::V2026 {
+        return super::stateless::call(&args).await;
+    }
     // Listen for Ctrl-C before anything is created, so it is never lost.
     let mut interrupt = Interrupt::new();
     let mut cli = match CliSession::open(&args.conn).await {

@@ -1,6 +1,6 @@
 //! Command-line arguments of `taskbroker call` and `taskbroker tasks`.
 
-use clap::{Args, Subcommand};
+use clap::{Args, Subcommand, ValueEnum};
 use reqwest::Url;
 use serde_json::{Map, Value};
 
@@ -33,6 +33,34 @@ pub struct Connection {
     pub token: Option<String>,
 }
 
+/// `--protocol`, of `call` and `tasks`.
+#[derive(Debug, Clone, Copy, Args)]
+pub struct ProtocolArg {
+    /// Which MCP generation to speak: 2025-11-25 (a session; tasks/list,
+    /// tasks/result) or 2026-07-28 (stateless, the tasks extension: no
+    /// session, no tasks/list; without tokens the task id alone reaches
+    /// the task).
+    #[arg(
+        long,
+        global = true,
+        env = "TASKBROKER_PROTOCOL",
+        value_enum,
+        default_value = "2025-11-25"
+    )]
+    pub protocol: Protocol,
+}
+
+/// The MCP generations the client speaks.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
+pub enum Protocol {
+    /// Sessions (initialize), `params.task`, tasks/result, tasks/list.
+    #[value(name = "2025-11-25")]
+    V2025,
+    /// Stateless requests and the tasks extension.
+    #[value(name = "2026-07-28")]
+    V2026,
+}
+
 /// `taskbroker call TOOL ...`.
 #[derive(Debug, Clone, Args)]
 #[command(after_help = EXIT_HELP)]
@@ -59,6 +87,9 @@ pub struct CallArgs {
     /// Broker and session.
     #[command(flatten)]
     pub conn: Connection,
+    /// The MCP generation.
+    #[command(flatten)]
+    pub protocol: ProtocolArg,
 }
 
 /// `taskbroker tasks ...`.
@@ -68,6 +99,9 @@ pub struct TasksArgs {
     /// What to do.
     #[command(subcommand)]
     pub command: TasksCommand,
+    /// The MCP generation.
+    #[command(flatten)]
+    pub protocol: ProtocolArg,
 }
 
 /// The `tasks` subcommands.

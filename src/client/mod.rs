@@ -17,6 +17,7 @@ mod progress;
 mod session;
 pub mod sse;
 mod state;
+mod stateless;
 mod tasks;
 
 use std::sync::atomic::{AtomicI64, Ordering};
@@ -28,7 +29,7 @@ use serde_json::{Value, json};
 
 pub use bench::{BenchArgs, run as bench};
 pub use call::run as call;
-pub use cli::{CallArgs, Connection, TasksArgs, TasksCommand};
+pub use cli::{CallArgs, Connection, Protocol, TasksArgs, TasksCommand};
 pub use error::{EXIT_FAILURE, EXIT_INTERRUPTED, EXIT_OK, EXIT_UNREACHABLE, EXIT_USAGE, McpError};
 pub use tasks::run as tasks;
 

@@ -7,7 +7,7 @@ use serde_json::{Value, json};
 use super::output::{is_error, print_json};
 use super::session::{CliSession, Origin};
 use super::state::BrokerState;
-use super::{EXIT_FAILURE, EXIT_OK, EXIT_UNREACHABLE, McpError, TasksArgs, TasksCommand};
+use super::{EXIT_FAILURE, EXIT_OK, EXIT_UNREACHABLE, McpError, Protocol, TasksArgs, TasksCommand};
 
 /// Run `taskbroker tasks ...`; returns the process exit code.
 pub async fn run(args: TasksArgs) -> u8 {
@@ -17,6 +17,9 @@ pub async fn run(args: TasksArgs) -> u8 {
         | TasksCommand::Result { conn, .. }
         | TasksCommand::Cancel { conn, .. } => conn,
     };
+    if args.protocol.protocol == Protocol::V2026 {
+        return super::stateless::tasks(&args).await;
+    }
     let cli = match CliSession::open(conn).await {
         Ok(c) => c,
         Err(e) => {

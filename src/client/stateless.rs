@@ -1,0 +1,359 @@
+//! `taskbroker call` and `taskbroker tasks` over MCP 2026-07-28
+//! (`--protocol 2026-07-28`): no session; every request carries its
+//! version and capabilities in `_meta` and the routing headers. `--task`
+//! declares the tasks extension, so the broker makes a task of any tool
+//! that may run as one; the task is then followed with `tasks/get`, whose
+//! answer carries the result. This generation has no `tasks/list` and no
+//! `tasks/result` (the tasks extension removed them).
+//!
+//! Without tokens, such a task belongs to no one in particular: its id is
+//! what lets `tasks get|result|cancel` reach it from any shell.
+
+use std::io::Write;
+use std::sync::atomic::{AtomicI64, Ordering};
+use std::time::Duration;
+
+use reqwest::Url;
+use reqwest::header::{ACCEPT, AUTHORIZATION, CONTENT_TYPE, HeaderMap, HeaderValue};
+use serde_json::{Value, json};
+
+use super::output::{print_json, print_result};
+use super::progress::Progress;
+use super::sse::SseParser;
+use super::{
+    CLIENT_NAME, CallArgs, Connection, EXIT_FAILURE, EXIT_INTERRUPTED, EXIT_OK, EXIT_UNREACHABLE,
+    EXIT_USAGE, McpError, TasksArgs, TasksCommand,
+};
+use crate::mcp::RpcError;
+use crate::mcp::modern;
+
+/// A client of the 2026-07-28 generation: one POST per request.
+struct StatelessClient {
+    http: reqwest::Client,
+    url: Url,
+    token: Option<String>,
+    next_id: AtomicI64,
+}
+
+impl StatelessClient {
+    fn new(conn: &Connection) -> Result<Self, McpError> {
+        let http = reqwest::Client::builder()
+            .connect_timeout(Duration::from_secs(10))
+            .read_timeout(Duration::from_secs(300))
+            .build()
+            .map_err(|e| McpError::Protocol(format!("cannot build the HTTP client: {e}")))?;
+        if conn.session.is_some() {
+            eprintln!(
+                "taskbroker: --session is ignored with --protocol {}: it has no sessions",
+                modern::VERSION
+            );
+        }
+        Ok(Self {
+            http,
+            url: conn.url.clone(),
+            token: conn.token.clone(),
+            next_id: AtomicI64::new(1),
+        })
+    }
+
+    /// Send `method` with `params` (plus the `_meta` envelope); with
+    /// `tasks`, the request declares the tasks extension.
+    async fn request(&self, method: &str, params: Value, tasks: bool) -> Result<Value, McpError> {
+        let id = self.next_id.fetch_add(1, Ordering::Relaxed);
+        let mut params = match params {
+            Value::Object(p) => p,
+            _ => serde_json::Map::new(),
+        };
+        let capabilities = if tasks {
+            modern::tasks_capability()
+        } else {
+            json!({})
+        };
+        params.insert(
+            "_meta".into(),
+            json!({
+                modern::META_PROTOCOL_VERSION: modern::VERSION,
+                modern::META_CLIENT_CAPABILITIES: capabilities,
+                modern::META_CLIENT_INFO: { "name": CLIENT_NAME, "version": env!("CARGO_PKG_VERSION") },
+            }),
+        );
+        let name = params
+            .get("name")
+            .or_else(|| params.get("taskId"))
+            .and_then(Value::as_str)
+            .map(str::to_owned);
+        let mut headers = HeaderMap::new();
+        headers.insert(CONTENT_TYPE, HeaderValue::from_static("application/json"));
+        headers.insert(
+            ACCEPT,
+            HeaderValue::from_static("application/json, text/event-stream"),
+        );
+        headers.insert(
+            "mcp-protocol-version",
+            HeaderValue::from_static(modern::VERSION),
+        );
+        let value = |s: &str| {
+            HeaderValue::from_str(s)
+                .map_err(|_| McpError::Protocol(format!("'{s}' cannot be sent in a header")))
+        };
+        headers.insert(modern::METHOD_HEADER, value(method)?);
+        if let Some(name) = &name {
+            headers.insert(modern::NAME_HEADER, value(name)?);
+        }
+        if let Some(token) = &self.token {
+            headers.insert(AUTHORIZATION, value(&format!("Bearer {token}"))?);
+        }
+        let body = json!({ "jsonrpc": "2.0", "id": id, "method": method, "params": params });
+        let response = self
+            .http
+            .post(self.url.clone())
+            .headers(headers)
+            .body(body.to_string())
+            .send()
+            .await
+            .map_err(|e| {
+                if e.is_connect() {
+                    McpError::Connect {
+                        url: self.url.to_string(),
+                        reason: e.to_string(),
+                    }
+                } else {
+                    McpError::Transport(e.to_string())
+                }
+            })?;
+        let status = response.status();
+        let sse = response
+            .headers()
+            .get(CONTENT_TYPE)
+            .and_then(|v| v.to_str().ok())
+            .is_some_and(|ct| ct.starts_with("text/event-stream"));
+        let text = response
+            .text()
+            .await
+            .map_err(|e| McpError::Transport(e.to_string()))?;
+        let messages: Vec<Value> = if sse {
+            SseParser::new()
+                .push(text.as_bytes())
+                .into_iter()
+                .filter_map(|e| serde_json::from_str(&e.data).ok())
+                .collect()
+        } else {
+            serde_json::from_str(&text)
+                .map(|v| vec![v])
+                .unwrap_or_default()
+        };
+        let answer = messages
+            .into_iter()
+            .find(|m| m.get("id") == Some(&json!(id)));
+        match answer {
+            Some(m) if m.get("error").is_some() => Err(McpError::Rpc(RpcError::from_json(
+                m.get("error").unwrap_or(&Value::Null),
+            ))),
+            Some(m) if m.get("result").is_some() => Ok(m["result"].clone()),
+            _ if !status.is_success() => Err(McpError::Http {
+                status: status.as_u16(),
+                message: text.chars().take(300).collect(),
+            }),
+            _ => Err(McpError::Protocol(format!(
+                "no answer to request {id} in: {}",
+                text.chars().take(300).collect::<String>()
+            ))),
+        }
+    }
+}
+
+fn fail(e: &McpError) -> u8 {
+    eprintln!("taskbroker: {e}");
+    e.exit_code()
+}
+
+/// `taskbroker call --protocol 2026-07-28`.
+pub async fn call(args: &CallArgs) -> u8 {
+    let client = match StatelessClient::new(&args.conn) {
+        Ok(c) => c,
+        Err(e) => return fail(&e),
+    };
+    if args.ttl.is_some() {
+        eprintln!(
+            "taskbroker: --ttl is ignored with --protocol {}: the broker sets the ttl",
+            modern::VERSION
+        );
+    }
+    let params = json!({ "name": args.tool, "arguments": args.args });
+    let answer = tokio::select! {
+        answer = client.request("tools/call", params, args.task) => answer,
+        _ = tokio::signal::ctrl_c() => {
+            eprintln!("\ntaskbroker: interrupted");
+            return EXIT_INTERRUPTED;
+        }
+    };
+    let answer = match answer {
+        Ok(a) => a,
+        Err(e) => {
+            if e.rpc().is_some_and(|r| r.code.code() == -32021) && !args.task {
+                eprintln!("taskbroker: call {}: {e} (add --task)", args.tool);
+                return EXIT_FAILURE;
+            }
+            return fail(&e);
+        }
+    };
+    match answer.get("resultType").and_then(Value::as_str) {
+        Some("task") => {}
+        Some("input_required") => {
+            eprintln!(
+                "taskbroker: {} asks for input, which this command cannot give (its questions: {})",
+                args.tool,
+                answer.get("inputRequests").unwrap_or(&Value::Null)
+            );
+            return EXIT_FAILURE;
+        }
+        // The broker ran it at once (a tool that never runs as a task).
+        _ => return print_result(&answer, args.json),
+    }
+    let Some(task_id) = answer.get("taskId").and_then(Value::as_str) else {
+        return fail(&McpError::Protocol(format!(
+            "a task without taskId: {answer}"
+        )));
+    };
+    if args.detach {
+        println!("{task_id}");
+        let _ = std::io::stdout().flush();
+        eprintln!(
+            "taskbroker: task {task_id} started; its result: taskbroker tasks result {task_id} \
+             --protocol {}",
+            modern::VERSION
+        );
+        return EXIT_OK;
+    }
+    eprintln!("taskbroker: task {task_id}");
+    follow(&client, task_id, answer.clone(), args.json).await
+}
+
+/// Poll `tasks/get` until the task ends; print its result or error.
+async fn follow(client: &StatelessClient, task_id: &str, mut task: Value, json: bool) -> u8 {
+    let progress = Progress::new(&format!("task {task_id}"));
+    let mut told_input = false;
+    loop {
+        let status = task.get("status").and_then(Value::as_str).unwrap_or("");
+        match status {
+            "completed" => {
+                progress.clear();
+                return match task.get("result") {
+                    Some(result) => print_result(result, json),
+                    None => fail(&McpError::Protocol(format!(
+                        "completed without a result: {task}"
+                    ))),
+                };
+            }
+            "failed" => {
+                progress.clear();
+                if json {
+                    print_json(&task);
+                }
+                let error = task.get("error").unwrap_or(&Value::Null);
+                eprintln!(
+                    "taskbroker: task {task_id} failed: {} (JSON-RPC error {})",
+                    error
+                        .get("message")
+                        .and_then(Value::as_str)
+                        .unwrap_or("no message"),
+                    error.get("code").unwrap_or(&Value::Null)
+                );
+                return EXIT_FAILURE;
+            }
+            "cancelled" => {
+                progress.clear();
+                eprintln!("taskbroker: task {task_id} was cancelled");
+                return EXIT_FAILURE;
+            }
+            "input_required" if !told_input => {
+                told_input = true;
+                progress.clear();
+                eprintln!(
+                    "taskbroker: task {task_id} waits for input (tasks/update): {}",
+                    task.get("inputRequests").unwrap_or(&Value::Null)
+                );
+            }
+            _ => {}
+        }
+        if let Some(message) = task.get("statusMessage").and_then(Value::as_str) {
+            progress.message(&format!("task {task_id}: {status}: {message}"));
+        }
+        let wait = task
+            .get("pollIntervalMs")
+            .and_then(Value::as_u64)
+            .unwrap_or(1000)
+            .clamp(100, 5000);
+        tokio::select! {
+            _ = tokio::time::sleep(Duration::from_millis(wait)) => {}
+            _ = tokio::signal::ctrl_c() => {
+                progress.clear();
+                eprintln!(
+                    "\ntaskbroker: interrupted; the task goes on (cancel it with: taskbroker tasks \
+                     cancel {task_id} --protocol {})",
+                    modern::VERSION
+                );
+                return EXIT_INTERRUPTED;
+            }
+        }
+        task = match client
+            .request("tasks/get", json!({ "taskId": task_id }), true)
+            .await
+        {
+            Ok(t) => t,
+            Err(e) => {
+                progress.clear();
+                return fail(&e);
+            }
+        };
+    }
+}
+
+/// `taskbroker tasks ... --protocol 2026-07-28`.
+pub async fn tasks(args: &TasksArgs) -> u8 {
+    let (conn, id) = match &args.command {
+        TasksCommand::List { .. } => {
+            eprintln!(
+                "taskbroker: MCP {} has no tasks/list (the tasks extension removed it); list \
+                 with --protocol 2025-11-25, or keep the ids `call --task --detach` prints",
+                modern::VERSION
+            );
+            return EXIT_USAGE;
+        }
+        TasksCommand::Get { conn, id }
+        | TasksCommand::Result { conn, id }
+        | TasksCommand::Cancel { conn, id } => (conn, id),
+    };
+    let client = match StatelessClient::new(conn) {
+        Ok(c) => c,
+        Err(e) => return fail(&e),
+    };
+    let params = json!({ "taskId": id });
+    match &args.command {
+        TasksCommand::Cancel { .. } => {
+            if let Err(e) = client.request("tasks/cancel", params.clone(), true).await {
+                return fail(&e);
+            }
+            show(&client, params).await
+        }
+        TasksCommand::Result { .. } => match client.request("tasks/get", params, true).await {
+            Ok(task) => follow(&client, id, task, true).await,
+            Err(e) => fail(&e),
+        },
+        _ => show(&client, params).await,
+    }
+}
+
+async fn show(client: &StatelessClient, params: Value) -> u8 {
+    match client.request("tasks/get", params, true).await {
+        Ok(task) => {
+            print_json(&task);
+            EXIT_OK
+        }
+        Err(e) if matches!(e, McpError::Connect { .. }) => {
+            eprintln!("taskbroker: {e}");
+            EXIT_UNREACHABLE
+        }
+        Err(e) => fail(&e),
+    }
+}
