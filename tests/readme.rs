@@ -513,6 +513,38 @@ fn messages(text: &str) -> Vec<Value> {
     found
 }
 
+/// Run README's block `name` as one bash script (`-e -o pipefail`) against
+/// `url` instead of the default endpoint, then print `vars` as `NAME=value`
+/// lines; returns stdout.
+fn run_curl_block(name: &str, url: &str, vars: &[&str]) -> String {
+    let sandbox = Sandbox::new();
+    let block = tested_block(&readme(), name);
+    let default = "http://127.0.0.1:8808/mcp";
+    assert!(block.contains(default), "{block}");
+    let mut script = block.replace(default, url);
+    for var in vars {
+        script.push_str(&format!("\nprintf '\\n{var}=%s\\n' \"${var}\""));
+    }
+    script.push('\n');
+    std::fs::write(sandbox.path().join("curl.sh"), script).unwrap();
+    let out = sandbox
+        .bash()
+        .args(["-e", "-o", "pipefail", "curl.sh"])
+        .output()
+        .unwrap();
+    assert!(out.status.success(), "{out:?}");
+    String::from_utf8_lossy(&out.stdout).into_owned()
+}
+
+/// The value of a `NAME=value` line of a script's output.
+fn script_var(stdout: &str, name: &str) -> String {
+    stdout
+        .lines()
+        .find_map(|l| l.strip_prefix(&format!("{name}=")))
+        .unwrap_or_default()
+        .to_owned()
+}
+
 /// Issue 12, point 7: README's curl example, run as one bash script as
 /// written (its URL pointed at a test broker): initialize gives a session,
 /// the task is created, tasks/get and tasks/list show it, tasks/result
@@ -521,30 +553,12 @@ fn messages(text: &str) -> Vec<Value> {
 #[tokio::test]
 async fn issue12_p7_curl_example_runs_as_written() {
     let server = common::Server::start(&[]);
-    let sandbox = Sandbox::new();
-    let block = tested_block(&readme(), "curl");
-    let default = "http://127.0.0.1:8808/mcp";
-    assert!(block.contains(default), "{block}");
-    let script = format!(
-        "{}\nprintf '\\nSID=%s\\nTASK=%s\\nLONG=%s\\n' \"$SID\" \"$TASK\" \"$LONG\"\n",
-        block.replace(default, &server.url)
+    let stdout = run_curl_block("curl", &server.url, &["SID", "TASK", "LONG"]);
+    let (sid, task, long) = (
+        script_var(&stdout, "SID"),
+        script_var(&stdout, "TASK"),
+        script_var(&stdout, "LONG"),
     );
-    std::fs::write(sandbox.path().join("curl.sh"), script).unwrap();
-    let out = sandbox
-        .bash()
-        .args(["-e", "-o", "pipefail", "curl.sh"])
-        .output()
-        .unwrap();
-    let stdout = String::from_utf8_lossy(&out.stdout).into_owned();
-    assert!(out.status.success(), "{out:?}");
-    let var = |name: &str| {
-        stdout
-            .lines()
-            .find_map(|l| l.strip_prefix(&format!("{name}=")))
-            .unwrap_or_default()
-            .to_owned()
-    };
-    let (sid, task, long) = (var("SID"), var("TASK"), var("LONG"));
     assert!(sid.len() >= 16, "a session id: {stdout}");
     uuid::Uuid::parse_str(&task).unwrap_or_else(|e| panic!("TASK {task:?}: {e}: {stdout}"));
     uuid::Uuid::parse_str(&long).unwrap_or_else(|e| panic!("LONG {long:?}: {e}: {stdout}"));
@@ -587,27 +601,8 @@ async fn issue12_p7_curl_example_runs_as_written() {
 #[tokio::test]
 async fn issue16_curl_2026_example_runs_as_written() {
     let server = common::Server::start(&[]);
-    let sandbox = Sandbox::new();
-    let block = tested_block(&readme(), "curl-2026");
-    let default = "http://127.0.0.1:8808/mcp";
-    assert!(block.contains(default), "{block}");
-    let script = format!(
-        "{}\nprintf '\\nTASK=%s\\n' \"$TASK\"\n",
-        block.replace(default, &server.url)
-    );
-    std::fs::write(sandbox.path().join("curl.sh"), script).unwrap();
-    let out = sandbox
-        .bash()
-        .args(["-e", "-o", "pipefail", "curl.sh"])
-        .output()
-        .unwrap();
-    let stdout = String::from_utf8_lossy(&out.stdout).into_owned();
-    assert!(out.status.success(), "{out:?}");
-    let task = stdout
-        .lines()
-        .find_map(|l| l.strip_prefix("TASK="))
-        .unwrap_or_default()
-        .to_owned();
+    let stdout = run_curl_block("curl-2026", &server.url, &["TASK"]);
+    let task = script_var(&stdout, "TASK");
     uuid::Uuid::parse_str(&task).unwrap_or_else(|e| panic!("TASK {task:?}: {e}: {stdout}"));
     let by_id: BTreeMap<i64, Value> = messages(&stdout)
         .into_iter()

@@ -29,7 +29,7 @@ use axum::routing::{any, get};
 use crate::broker::Broker;
 use crate::defaults;
 
-pub use audit::Audit;
+pub use audit::{Actor, Audit};
 pub use calls::ClientRequests;
 pub use limits::{RateLimiter, Refusal, RequestLimits, Requestor, StreamCounter};
 pub use modern::state::StateKey as RequestStates;

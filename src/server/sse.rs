@@ -32,6 +32,27 @@ pub(super) fn message_event(id: &str, message: &Value) -> Bytes {
     Bytes::from(format!("id: {id}\nevent: message\ndata: {message}\n\n"))
 }
 
+/// Numbers the messages of one stream: `<random stream id>-<n>`.
+pub(super) struct Numbered {
+    stream: String,
+    n: u64,
+}
+
+impl Numbered {
+    /// A fresh stream id, counting from 1.
+    pub(super) fn new() -> Self {
+        Self {
+            stream: stream_id(),
+            n: 0,
+        }
+    }
+    /// The next message as an SSE event.
+    pub(super) fn event(&mut self, message: &Value) -> Bytes {
+        self.n += 1;
+        message_event(&format!("{}-{}", self.stream, self.n), message)
+    }
+}
+
 /// A comment that keeps an idle connection open.
 pub(super) const KEEP_ALIVE: &[u8] = b": keep-alive\n\n";
 

@@ -6,20 +6,26 @@
 use std::sync::Arc;
 use std::time::Duration;
 
-use serde_json::{Value, json};
+use serde_json::{Map, Value, json};
 
-use super::{LogLevel, TaskSupport, Tool, ToolContext, ToolDefinition, ToolFuture, ToolOutcome};
+use super::{
+    BeforeTask, LogLevel, TaskSupport, Tool, ToolContext, ToolDefinition, ToolFuture, ToolOutcome,
+};
 
 /// A 1x1 red PNG.
 const PNG: &str = "iVBORw0KGgoAAAANSUhEUgAAAAEAAAABCAYAAAAfFcSJAAAADUlEQVR42mP8z8DwHwAFBQIAX8jx0gAAAABJRU5ErkJggg==";
 /// A minimal WAV file.
 const WAV: &str = "UklGRiYAAABXQVZFZm10IBAAAAABAAEAQB8AAAB9AAACABAAZGF0YQIAAAA=";
 
-type Body = fn(Value, ToolContext) -> ToolFuture<'static>;
+pub(super) type Body = fn(Value, ToolContext) -> ToolFuture<'static>;
+pub(super) type Before = fn(Value, &Map<String, Value>) -> BeforeTask;
 
-struct Fixture {
+/// A fixture tool: a definition, a body, and optionally what it asks
+/// before a 2026-07-28 task ([`Tool::before_task`]).
+pub(super) struct Fixture {
     def: ToolDefinition,
     body: Body,
+    before: Option<Before>,
 }
 
 impl Tool for Fixture {
@@ -29,22 +35,66 @@ impl Tool for Fixture {
     fn call(&self, arguments: Value, ctx: ToolContext) -> ToolFuture<'_> {
         (self.body)(arguments, ctx)
     }
+    fn before_task(&self, arguments: Value, answers: &Map<String, Value>) -> BeforeTask {
+        match self.before {
+            Some(before) => before(arguments, answers),
+            None => BeforeTask::Run(arguments),
+        }
+    }
+}
+
+impl Fixture {
+    /// A plain-only fixture; `properties` and `required` make its inputSchema.
+    pub(super) fn new(
+        name: &str,
+        description: &str,
+        properties: Value,
+        required: &[&str],
+        body: Body,
+    ) -> Self {
+        let mut input_schema = json!({ "type": "object", "properties": properties });
+        if !required.is_empty() {
+            input_schema["required"] = json!(required);
+        }
+        Self::with_schema(name, description, input_schema, body)
+    }
+    /// A plain-only fixture with this inputSchema.
+    pub(super) fn with_schema(
+        name: &str,
+        description: &str,
+        input_schema: Value,
+        body: Body,
+    ) -> Self {
+        Self {
+            def: ToolDefinition {
+                name: name.into(),
+                description: description.into(),
+                input_schema,
+                output_schema: None,
+                task_support: TaskSupport::Forbidden,
+                max_attempts: 1,
+                concurrency: None,
+                global_concurrency: None,
+            },
+            body,
+            before: None,
+        }
+    }
+    pub(super) fn task_support(mut self, task_support: TaskSupport) -> Self {
+        self.def.task_support = task_support;
+        self
+    }
+    pub(super) fn before_task(mut self, before: Before) -> Self {
+        self.before = Some(before);
+        self
+    }
+    pub(super) fn boxed(self) -> Arc<dyn Tool> {
+        Arc::new(self)
+    }
 }
 
 fn fixture(name: &str, description: &str, input_schema: Value, body: Body) -> Arc<dyn Tool> {
-    Arc::new(Fixture {
-        def: ToolDefinition {
-            name: name.into(),
-            description: description.into(),
-            input_schema,
-            output_schema: None,
-            task_support: TaskSupport::Forbidden,
-            max_attempts: 1,
-            concurrency: None,
-            global_concurrency: None,
-        },
-        body,
-    })
+    Fixture::with_schema(name, description, input_schema, body).boxed()
 }
 
 /// A fixture that may also run as a task (its requests to the client then

@@ -21,9 +21,8 @@ use std::time::Duration;
 
 use serde_json::{Map, Value, json};
 
-use super::{
-    BeforeTask, LogLevel, TaskSupport, Tool, ToolContext, ToolDefinition, ToolFuture, ToolOutcome,
-};
+use super::conformance::Fixture;
+use super::{BeforeTask, LogLevel, TaskSupport, Tool, ToolContext, ToolFuture, ToolOutcome};
 use crate::mcp::{ErrorCode, RpcError};
 
 /// Longest `slow_compute` run (one hour).
@@ -31,71 +30,6 @@ const MAX_COMPUTE_SECONDS: f64 = 3_600.0;
 
 /// A fixture's work so far; `Err` ends the call early with that outcome.
 type Step<T> = Result<T, ToolOutcome>;
-
-type Body = fn(Value, ToolContext) -> ToolFuture<'static>;
-type Before = fn(Value, &Map<String, Value>) -> BeforeTask;
-
-struct Fixture {
-    def: ToolDefinition,
-    body: Body,
-    before: Option<Before>,
-}
-
-impl Tool for Fixture {
-    fn definition(&self) -> &ToolDefinition {
-        &self.def
-    }
-    fn call(&self, arguments: Value, ctx: ToolContext) -> ToolFuture<'_> {
-        (self.body)(arguments, ctx)
-    }
-    fn before_task(&self, arguments: Value, answers: &Map<String, Value>) -> BeforeTask {
-        match self.before {
-            Some(before) => before(arguments, answers),
-            None => BeforeTask::Run(arguments),
-        }
-    }
-}
-
-impl Fixture {
-    /// A plain-only fixture; `properties` and `required` make its inputSchema.
-    fn new(
-        name: &str,
-        description: &str,
-        properties: Value,
-        required: &[&str],
-        body: Body,
-    ) -> Self {
-        let mut input_schema = json!({ "type": "object", "properties": properties });
-        if !required.is_empty() {
-            input_schema["required"] = json!(required);
-        }
-        Self {
-            def: ToolDefinition {
-                name: name.into(),
-                description: description.into(),
-                input_schema,
-                output_schema: None,
-                task_support: TaskSupport::Forbidden,
-                max_attempts: 1,
-                concurrency: None,
-                global_concurrency: None,
-            },
-            body,
-            before: None,
-        }
-    }
-    fn task_support(mut self, task_support: TaskSupport) -> Self {
-        self.def.task_support = task_support;
-        self
-    }
-    fn before_task(mut self, before: Before) -> Self {
-        self.before = Some(before);
-        self
-    }
-    fn boxed(self) -> Arc<dyn Tool> {
-        Arc::new(self)
-    }
-}
 
 /// A tool body from a fixture function that may end early.
 fn run(work: impl Future<Output = Step<ToolOutcome>> + Send + 'static) -> ToolFuture<'static> {

@@ -242,8 +242,10 @@ async fn create_task(
         .await
     {
         Ok(task) => {
-            tracing::info!(target: "audit", event = "task.create", owner = %request.owner,
-                           task_id = %task.task_id, tool = name, protocol = modern::VERSION, "audit");
+            let who = crate::server::Actor::without_session(&request.owner);
+            state
+                .audit
+                .record_by(&who, "task.create", &task.task_id, name);
             Ok(Answer::Now(Ok(tasks::create_result(&task))))
         }
         Err(e) => {

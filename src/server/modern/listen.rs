@@ -19,7 +19,7 @@ use crate::broker::{FeedEvent, TaskDetail};
 use crate::mcp::{self, RpcError, modern};
 use crate::server::AppState;
 use crate::server::limits::hold_while_streaming;
-use crate::server::sse::{KEEP_ALIVE, message_event, sse_response};
+use crate::server::sse::{KEEP_ALIVE, Numbered, sse_response};
 
 /// Tasks one stream may follow.
 const MAX_TASKS: usize = 1000;
@@ -124,12 +124,8 @@ pub async fn listen(
     let owner = request.owner.clone();
     let keep_alive = state.config.keep_alive;
     let stream = async_stream::stream! {
-        let stream_id = uuid::Uuid::new_v4().simple().to_string();
-        let mut n = 0u64;
-        let mut event = |message: &Value| {
-            n += 1;
-            message_event(&format!("{stream_id}-{n}"), message)
-        };
+        let mut numbered = Numbered::new();
+        let mut event = |message: &Value| numbered.event(message);
         yield Ok::<_, Infallible>(event(&ack));
         let mut last: std::collections::HashMap<String, (String, i64)> = Default::default();
         for detail in &first {

@@ -367,12 +367,8 @@ async fn respond(
     // is cancelled.
     let keep_alive = state.config.keep_alive;
     let stream = async_stream::stream! {
-        let stream_id = uuid::Uuid::new_v4().simple().to_string();
-        let mut n = 0u64;
-        let mut event = |message: &Value| {
-            n += 1;
-            sse::message_event(&format!("{stream_id}-{n}"), message)
-        };
+        let mut numbered = sse::Numbered::new();
+        let mut event = |message: &Value| numbered.event(message);
         for item in first {
             if let StreamItem::Message(m) = item {
                 yield Ok::<_, std::convert::Infallible>(event(&m));

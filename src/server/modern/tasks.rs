@@ -13,7 +13,7 @@ use serde_json::{Map, Value, json};
 use super::Refusal;
 use crate::broker::{BrokerError, Task, TaskDetail, TaskResult, TaskStatus};
 use crate::mcp::{self, RpcError, modern};
-use crate::server::AppState;
+use crate::server::{Actor, AppState};
 use crate::store::TaskMessage;
 
 /// The fields every task shape shares (`ttlMs`, `pollIntervalMs`: the
@@ -109,11 +109,21 @@ fn task_params(method: &str, params: Option<&Value>) -> Result<TaskParams, Refus
 
 /// Unknown, foreign or expired tasks are -32602 (SEP-2663), and audited
 /// (someone may be guessing ids); store failures -32603.
-fn refusal(e: BrokerError, event: &'static str, owner: &str, task_id: &str) -> Refusal {
+fn refusal(
+    state: &AppState,
+    e: BrokerError,
+    event: &'static str,
+    owner: &str,
+    task_id: &str,
+) -> Refusal {
     match e {
         BrokerError::NotFound | BrokerError::Expired => {
-            tracing::info!(target: "audit", event, owner, task_id, reason = %e,
-                           protocol = modern::VERSION, "audit: refused");
+            state.audit.refused_by(
+                &Actor::without_session(owner),
+                event,
+                task_id,
+                &e.to_string(),
+            );
             Refusal::rpc(RpcError::invalid_params(format!(
                 "Invalid params: {e} (unknown task id, or not yours)"
             )))
@@ -133,7 +143,7 @@ pub async fn get(state: &AppState, owner: &str, params: Option<&Value>) -> Resul
         .broker
         .task_detail(owner, &p.task_id)
         .await
-        .map_err(|e| refusal(e, "task.get", owner, &p.task_id))?;
+        .map_err(|e| refusal(state, e, "task.get", owner, &p.task_id))?;
     Ok(detailed(&detail))
 }
 
@@ -157,7 +167,7 @@ pub async fn update(
         .broker
         .task_detail(owner, &p.task_id)
         .await
-        .map_err(|e| refusal(e, "task.update", owner, &p.task_id))?;
+        .map_err(|e| refusal(state, e, "task.update", owner, &p.task_id))?;
     for m in &detail.pending {
         if let Some(answer) = answers.get(&m.request_id) {
             super::calls::check_answer(&m.request_id, &m.method, answer).map_err(Refusal::rpc)?;
@@ -167,7 +177,7 @@ pub async fn update(
         .broker
         .answer_task_requests(owner, &p.task_id, &answers)
         .await
-        .map_err(|e| refusal(e, "task.update", owner, &p.task_id))?;
+        .map_err(|e| refusal(state, e, "task.update", owner, &p.task_id))?;
     tracing::info!(task_id = %p.task_id, answered = stored, given = answers.len(), "tasks/update");
     Ok(modern::complete(json!({})))
 }
@@ -182,11 +192,15 @@ pub async fn cancel(
     let p = task_params("tasks/cancel", params)?;
     match state.broker.tasks_cancel(owner, &p.task_id).await {
         Ok(_) => {
-            tracing::info!(target: "audit", event = "task.cancel", owner, task_id = %p.task_id,
-                           protocol = modern::VERSION, "audit");
+            state.audit.record_by(
+                &Actor::without_session(owner),
+                "task.cancel",
+                &p.task_id,
+                "cancelled",
+            );
             Ok(modern::complete(json!({})))
         }
         Err(BrokerError::Terminal(_)) => Ok(modern::complete(json!({}))),
-        Err(e) => Err(refusal(e, "task.cancel", owner, &p.task_id)),
+        Err(e) => Err(refusal(state, e, "task.cancel", owner, &p.task_id)),
     }
 }
