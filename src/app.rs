@@ -84,6 +84,8 @@ pub struct WorkConfig {
     pub durability: Durability,
     /// The tools this worker can run.
     pub tools: Vec<Arc<dyn Tool>>,
+    /// Where to serve this process's `/metrics` (None: nowhere).
+    pub metrics_listen: Option<SocketAddr>,
 }
 
 /// How often the change-feed tailer checks for commits by other processes.
@@ -189,6 +191,12 @@ pub async fn serve(config: ServeConfig) -> anyhow::Result<()> {
     });
 
     let local_addr = listener.local_addr()?;
+    let open_streams = Arc::new(StreamCounter::new(config.server.max_sse_streams));
+    let scrape = crate::metrics::Scrape::new(
+        store.clone(),
+        Some(open_streams.clone()),
+        Some(config.server.session_idle),
+    );
     let session_streams = Arc::new(SessionStreams::default());
     let notifier = spawn_status_notifier(
         core.broker.clone(),
@@ -203,7 +211,7 @@ pub async fn serve(config: ServeConfig) -> anyhow::Result<()> {
                 config.server.initialize_burst,
             ),
         )),
-        open_streams: Arc::new(StreamCounter::new(config.server.max_sse_streams)),
+        open_streams,
         audit: Arc::new(Audit::default()),
         token_presence: Arc::default(),
         session_streams,
@@ -224,7 +232,9 @@ pub async fn serve(config: ServeConfig) -> anyhow::Result<()> {
         config: Arc::new(config.server.clone()),
         local_addr,
     };
-    let app = crate::server::router(state);
+    let app = crate::metrics::http_layer(
+        crate::server::router(state).merge(crate::metrics::routes(scrape)),
+    );
     // Scripts and tests read this line to learn the port.
     crate::logging::stdout_line(&format!("taskbroker listening on http://{local_addr}/mcp"));
     tracing::info!(%local_addr, db = %config.db.display(), workers = config.workers,
@@ -272,6 +282,7 @@ pub async fn serve(config: ServeConfig) -> anyhow::Result<()> {
 /// database, runs their tools, records their outcomes. Never migrates.
 pub async fn work(config: WorkConfig) -> anyhow::Result<()> {
     let store = store::open_existing(&config.db, config.durability).await?;
+    let scrape = crate::metrics::Scrape::new(store.clone(), None, None);
     let core = Core::start(
         store,
         config.tools.clone(),
@@ -289,11 +300,22 @@ pub async fn work(config: WorkConfig) -> anyhow::Result<()> {
     tracing::info!(worker = %pool.id(), db = %config.db.display(), concurrency = config.concurrency,
                    lease_s = config.lease.as_secs_f64(), "worker started");
     let stop = CancellationToken::new();
+    let metrics_stop = CancellationToken::new();
+    let metrics = match config.metrics_listen {
+        Some(addr) => {
+            Some(crate::metrics::serve_worker_metrics(addr, scrape, metrics_stop.clone()).await?)
+        }
+        None => None,
+    };
     let running = tokio::spawn(pool.run(stop.clone()));
     wait_for_signal().await;
     tracing::info!("shutdown requested: no new claims");
     stop.cancel();
     let _ = running.await;
+    metrics_stop.cancel();
+    if let Some(metrics) = metrics {
+        let _ = metrics.await;
+    }
     core.stop().await;
     tracing::info!("worker stopped");
     Ok(())

@@ -26,6 +26,7 @@
 //!   measurement it was picked from.
 //! - [`logging`]: stderr logging that loses lines, never the process, when
 //!   stderr is closed.
+//! - [`metrics`]: Prometheus metrics (`/metrics`) and readiness (`/readyz`).
 //! - [`clock`]: wall-clock milliseconds, the unit of every stored time.
 //! - [`client`]: the command-line MCP client (`taskbroker call`, `taskbroker
 //!   tasks`) over Streamable HTTP. Talks to a broker only through `/mcp`.
@@ -38,6 +39,7 @@ pub mod config;
 pub mod defaults;
 pub mod logging;
 pub mod mcp;
+pub mod metrics;
 pub mod server;
 pub mod store;
 pub mod tools;

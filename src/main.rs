@@ -216,6 +216,10 @@ struct WorkerArgs {
     /// Do not serve the demo tools (echo, sleep, sleep_as_task, fail, approve).
     #[arg(long, env = "TASKBROKER_NO_DEMO_TOOLS", value_parser = BoolishValueParser::new())]
     no_demo_tools: bool,
+    /// Serve this process's Prometheus metrics (/metrics, /readyz, /healthz)
+    /// on ADDR, e.g. 127.0.0.1:9809 [default: off].
+    #[arg(long, env = "TASKBROKER_METRICS_LISTEN", value_name = "ADDR")]
+    metrics_listen: Option<std::net::SocketAddr>,
 }
 
 fn secs(s: &str) -> Result<f64, String> {
@@ -487,6 +491,7 @@ impl WorkerArgs {
             grace,
             durability: durability(self.durability, &s.durability)?,
             tools: tools(&config, self.no_demo_tools, false)?,
+            metrics_listen: self.metrics_listen,
         })
     }
 }

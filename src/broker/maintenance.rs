@@ -57,6 +57,7 @@ pub async fn run(broker: Broker, config: MaintenanceConfig, shutdown: Cancellati
             }
             _ = rescue.tick() => match broker.store().job_rescue_expired(backoff_ms, now_ms()).await {
                 Ok(report) if report != Default::default() => {
+                    crate::metrics::get().leases_expired(report.requeued, report.failed, report.closed);
                     tracing::warn!(requeued = report.requeued, failed = report.failed,
                                    closed = report.closed, "lease recovery: expired leases taken back");
                     broker.feed().kick();

@@ -710,6 +710,7 @@ impl Broker {
             .await?;
         match outcome {
             CancelOutcome::Cancelled(row) => {
+                crate::metrics::get().task_finished(&row.tool, "cancelled");
                 self.feed.kick();
                 tracing::info!(task_id, "task cancelled");
                 Ok(task_from_row(&row))

@@ -135,6 +135,9 @@ impl Writer {
                     None
                 };
                 let now = now_ms();
+                let metrics = crate::metrics::get();
+                metrics.commit_started(writes.len());
+                let committing = std::time::Instant::now();
                 let mut done = match store.write_batch(&writes, now).await {
                     Ok(done) => done,
                     Err(e) => {
@@ -146,6 +149,8 @@ impl Writer {
                             .collect()
                     }
                 };
+                metrics.commit_done(committing.elapsed());
+                count_batch(&store, &done, now);
                 // The hand-off claim, if any, is the last write.
                 let claimed = match handed {
                     Some(_) if done.len() == writes.len() => done.pop(),
@@ -173,6 +178,7 @@ impl Writer {
                     feed.written(task_id);
                 }
                 feed.kick();
+                metrics.writer_idle();
             }
         });
         Self { ops, handoff }
@@ -332,4 +338,51 @@ async fn deliver(
         }
     }
     taken
+}
+
+/// Count what a group commit did: tasks created (and those finished at
+/// once), and how long each claimed job had waited in the queue. Jobs
+/// created in this very commit waited no time; the others' `run_after` is
+/// read from the database off the writer's path.
+fn count_batch(store: &Store, done: &[Result<Written, StoreError>], now: i64) {
+    let metrics = crate::metrics::get();
+    let mut created = std::collections::HashMap::new();
+    for row in done.iter().filter_map(|d| match d {
+        Ok(Written::Created(row)) => Some(row),
+        _ => None,
+    }) {
+        let status = row.status.is_terminal().then(|| row.status.to_string());
+        metrics.task_created(&row.tool, status.as_deref());
+        created.insert(row.task_id.as_str(), row.created_at);
+    }
+    let mut earlier = Vec::new();
+    for job in done.iter().flat_map(|d| match d {
+        Ok(Written::Claimed(jobs)) => jobs.as_slice(),
+        _ => &[],
+    }) {
+        match created.get(job.task_id.as_str()) {
+            Some(at) => metrics.job_claimed(&job.tool, now - at),
+            None => earlier.push((job.task_seq, job.tool.clone())),
+        }
+    }
+    if earlier.is_empty() {
+        return;
+    }
+    let store = store.clone();
+    tokio::spawn(async move {
+        let seqs: Vec<i64> = earlier.iter().map(|(seq, _)| *seq).collect();
+        match store.metrics_jobs_runnable_since(&seqs).await {
+            Ok(found) => {
+                let since: std::collections::HashMap<i64, i64> = found.into_iter().collect();
+                for (seq, tool) in earlier {
+                    if let Some(at) = since.get(&seq) {
+                        crate::metrics::get().job_claimed(&tool, now - at);
+                    }
+                }
+            }
+            Err(e) => {
+                tracing::debug!(error = %e, "metrics: reading claimed jobs' queue times failed")
+            }
+        }
+    });
 }

@@ -195,6 +195,11 @@ impl StreamCounter {
         (before < self.max).then_some(slot)
     }
 
+    /// Streams open now.
+    pub fn open(&self) -> usize {
+        self.open.load(Ordering::Relaxed)
+    }
+
     /// The maximum.
     pub fn max(&self) -> usize {
         self.max

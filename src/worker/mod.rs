@@ -346,6 +346,7 @@ impl WorkerPool {
         let mut answered: Vec<(Answer, Result<Value, RpcError>)> = Vec::new();
         let started = std::time::Instant::now();
         tracing::info!(task_id = %job.task_id, tool = %job.tool, attempt = job.attempt, "job started");
+        crate::metrics::get().job_started(job.attempt);
         let (events_tx, mut events) = mpsc::unbounded_channel();
         let cancel = CancellationToken::new();
         let ctx = ToolContext::new(
@@ -629,6 +630,11 @@ impl WorkerPool {
                 .await
             {
                 Ok(took) => {
+                    if took {
+                        let m = crate::metrics::get();
+                        m.task_finished(&job.tool, &record.status.to_string());
+                        m.job_ran(&job.tool, started.elapsed());
+                    }
                     tracing::info!(task_id = %job.task_id, status = %record.status, recorded = took,
                                    elapsed_ms = started.elapsed().as_millis() as u64, "task completed");
                     return;

@@ -13,6 +13,7 @@ mod batch;
 mod feed;
 mod jobs;
 mod messages;
+mod metrics;
 mod migrate;
 mod sessions;
 mod tasks;

@@ -9,6 +9,7 @@
 //! Only the broker calls it.
 
 mod error;
+mod metrics;
 pub mod model;
 mod status;
 pub mod text;
@@ -22,6 +23,7 @@ use tokio::sync::Notify;
 use tokio_util::sync::CancellationToken;
 
 pub use error::StoreError;
+pub use metrics::{MetricsStore, QueueDepth, SchemaVersions, WorkerCounts};
 pub use model::*;
 pub use status::TaskStatus;
 
@@ -361,6 +363,7 @@ pub trait Storage:
     + SessionStore
     + TokenStore
     + WorkerStore
+    + MetricsStore
     + fmt::Debug
     + Send
     + Sync
