@@ -28,6 +28,8 @@
 //!   stderr is closed.
 //! - [`metrics`]: Prometheus metrics (`/metrics`) and readiness (`/readyz`).
 //! - [`clock`]: wall-clock milliseconds, the unit of every stored time.
+//! - [`ops`]: the operator commands (`taskbroker stats`, `workers`, `tasks
+//!   list --db`, `backup`), which read the database directly.
 //! - [`client`]: the command-line MCP client (`taskbroker call`, `taskbroker
 //!   tasks`) over Streamable HTTP. Talks to a broker only through `/mcp`.
 
@@ -40,6 +42,7 @@ pub mod defaults;
 pub mod logging;
 pub mod mcp;
 pub mod metrics;
+pub mod ops;
 pub mod server;
 pub mod store;
 pub mod tools;

@@ -50,6 +50,15 @@ enum Command {
     /// Manage bearer tokens: with any token, every request needs one.
     #[command(subcommand)]
     Token(TokenCommand),
+    /// Operators: queue depth and age by tool, running jobs, tasks by
+    /// status, finish rates and recent failures, read from the database.
+    Stats(taskbroker::ops::StatsArgs),
+    /// Operators: one line per worker pool (state, host, pid, last
+    /// heartbeat, jobs running), read from the database.
+    Workers(taskbroker::ops::WorkersArgs),
+    /// Operators: a consistent copy of a SQLite database, taken while
+    /// brokers run (PostgreSQL: use pg_dump).
+    Backup(taskbroker::ops::BackupArgs),
 }
 
 #[derive(Debug, Subcommand)]
@@ -500,7 +509,11 @@ fn main() -> ExitCode {
     let cli = Cli::parse();
     // The client commands print their own output; logs only for warnings.
     logging::init(match cli.command {
-        Command::Call(_) | Command::Tasks(_) => "warn",
+        Command::Call(_)
+        | Command::Tasks(_)
+        | Command::Stats(_)
+        | Command::Workers(_)
+        | Command::Backup(_) => "warn",
         _ => logging::DEFAULT_FILTER,
     });
     let runtime = match tokio::runtime::Runtime::new() {
@@ -551,6 +564,9 @@ async fn run(command: Command) -> anyhow::Result<ExitCode> {
         Command::Tasks(args) => std::process::exit(client::tasks(args).await.into()),
         Command::Token(cmd) => token(cmd).await?,
         Command::Bench(args) => std::process::exit(client::bench(args).await.into()),
+        Command::Stats(args) => return Ok(taskbroker::ops::stats(args).await.into()),
+        Command::Workers(args) => return Ok(taskbroker::ops::workers(args).await.into()),
+        Command::Backup(args) => return Ok(taskbroker::ops::backup(args).await.into()),
     }
     Ok(ExitCode::SUCCESS)
 }

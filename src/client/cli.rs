@@ -118,6 +118,9 @@ pub enum TasksCommand {
         /// Broker and session.
         #[command(flatten)]
         conn: Connection,
+        /// Operators: read the database directly.
+        #[command(flatten)]
+        operator: crate::ops::TaskListArgs,
     },
     /// Print a task (tasks/get) as JSON.
     #[command(after_help = SESSION_HELP)]

@@ -17,6 +17,11 @@ pub async fn run(args: TasksArgs) -> u8 {
         | TasksCommand::Result { conn, .. }
         | TasksCommand::Cancel { conn, .. } => conn,
     };
+    if let TasksCommand::List { all, operator, .. } = &args.command
+        && operator.db.is_some()
+    {
+        return crate::ops::tasks::list(operator, *all).await;
+    }
     if args.protocol.protocol == Protocol::V2026 {
         return super::stateless::tasks(&args).await;
     }

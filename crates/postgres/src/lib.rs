@@ -30,6 +30,7 @@ mod jobs;
 mod messages;
 mod metrics;
 mod migrate;
+mod ops;
 mod sessions;
 mod tasks;
 mod tokens;

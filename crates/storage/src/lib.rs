@@ -11,6 +11,7 @@
 mod error;
 mod metrics;
 pub mod model;
+pub mod ops;
 mod status;
 pub mod text;
 
@@ -25,6 +26,7 @@ use tokio_util::sync::CancellationToken;
 pub use error::StoreError;
 pub use metrics::{MetricsStore, QueueDepth, SchemaVersions, WorkerCounts};
 pub use model::*;
+pub use ops::OpsStore;
 pub use status::TaskStatus;
 
 /// How hard every commit is pushed to disk.
@@ -363,6 +365,7 @@ pub trait Storage:
     + SessionStore
     + TokenStore
     + WorkerStore
+    + OpsStore
     + MetricsStore
     + fmt::Debug
     + Send

@@ -1,0 +1,214 @@
+//! SQL for operators: `taskbroker stats`, `workers` and `tasks list
+//! --db`. Reads only; each count is an index search (see
+//! `migrations/postgres/V3__ops_indexes.sql`). Backups are `pg_dump`'s
+//! job.
+
+use async_trait::async_trait;
+use sqlx::Row;
+use taskbroker_storage::ops::*;
+use taskbroker_storage::text;
+use taskbroker_storage::*;
+
+use crate::PostgresStore;
+
+/// `stats!(run Row, SQL, args)` is `query_as!` of that SQL;
+/// `stats!(explain Row, SQL, args)` is its `EXPLAIN`: the plan checked is
+/// the plan of the very text that runs.
+macro_rules! stats {
+    (run $row:ident, $sql:literal $(, $arg:expr)*) => {
+        sqlx::query_as!($row, $sql $(, $arg)*)
+    };
+    (explain $row:ident, $sql:literal $(, $arg:expr)*) => {
+        sqlx::query(concat!("EXPLAIN (COSTS OFF) ", $sql)) $(.bind($arg))*
+    };
+}
+
+/// Queued jobs by tool: the `jobs_queued` index holds every column read.
+macro_rules! queued_by_tool {
+    ($mode:ident) => {
+        stats!($mode ToolQueue,
+            r#"SELECT tool AS "tool!", count(*)::bigint AS "jobs!", min(run_after)::bigint AS "oldest_since!"
+                 FROM jobs WHERE state = 'queued' GROUP BY tool ORDER BY tool"#)
+    };
+}
+
+/// Running jobs by tool: the `jobs_running_tool` index.
+macro_rules! running_by_tool {
+    ($mode:ident) => {
+        stats!($mode ToolRunning,
+            r#"SELECT tool AS "tool!", count(*)::bigint AS "jobs!"
+                 FROM jobs WHERE state = 'running' GROUP BY tool ORDER BY tool"#)
+    };
+}
+
+/// Unfinished tasks by status: the `tasks_open_status` index.
+macro_rules! open_by_status {
+    ($mode:ident) => {
+        stats!($mode StatusCountText,
+            r#"SELECT status AS "status!", count(*)::bigint AS "tasks!"
+                 FROM tasks WHERE status IN ('working', 'input_required') GROUP BY status"#)
+    };
+}
+
+/// Finished tasks by status since an hour and a minute: the
+/// `tasks_finished` index.
+macro_rules! finished_since {
+    ($mode:ident, $minute:expr, $hour:expr) => {
+        stats!($mode FinishedText,
+            r#"SELECT status AS "status!",
+                      count(*) FILTER (WHERE updated_at >= $1) AS "last_minute!",
+                      count(*) AS "last_hour!"
+                 FROM tasks
+                WHERE status IN ('completed', 'failed', 'cancelled') AND updated_at >= $2
+                GROUP BY status"#, $minute, $hour)
+    };
+}
+
+/// Failed tasks by tool since an hour, with the latest one's message: the
+/// `tasks_finished` index, then the failed rows.
+macro_rules! failures_since {
+    ($mode:ident, $hour:expr) => {
+        stats!($mode ToolFailures,
+            r#"SELECT DISTINCT ON (tool) tool AS "tool!",
+                      count(*) OVER (PARTITION BY tool) AS "failed!",
+                      updated_at AS "last_at!", status_message AS last_message
+                 FROM tasks
+                WHERE status IN ('completed', 'failed', 'cancelled') AND status = 'failed'
+                  AND updated_at >= $1
+                ORDER BY tool, updated_at DESC, seq DESC"#, $hour)
+    };
+}
+
+#[async_trait]
+impl OpsStore for PostgresStore {
+    /// Every count in one repeatable-read transaction: one snapshot.
+    async fn ops_stats(&self, now: i64) -> Result<OpsStats, StoreError> {
+        let (minute, hour) = (now - MINUTE_MS, now - HOUR_MS);
+        let mut tx = self.pool.begin().await?;
+        sqlx::query!("SET TRANSACTION ISOLATION LEVEL REPEATABLE READ, READ ONLY")
+            .execute(&mut *tx)
+            .await?;
+        let queued = queued_by_tool!(run).fetch_all(&mut *tx).await?;
+        let running = running_by_tool!(run).fetch_all(&mut *tx).await?;
+        let open = status_counts(open_by_status!(run).fetch_all(&mut *tx).await?)?;
+        let finished = text::rows(
+            finished_since!(run, minute, hour)
+                .fetch_all(&mut *tx)
+                .await?,
+        )?;
+        let failures = failures_since!(run, hour).fetch_all(&mut *tx).await?;
+        tx.commit().await?;
+        Ok(OpsStats {
+            now,
+            queued,
+            running,
+            open,
+            finished,
+            failures,
+        })
+    }
+
+    /// Newest first; running jobs counted from `jobs` (the row's own count
+    /// lags by up to a heartbeat).
+    async fn ops_workers(&self) -> Result<Vec<WorkerInfo>, StoreError> {
+        let rows = sqlx::query_as!(
+            WorkerText,
+            r#"SELECT w.worker_id, w.kind, w.state, w.host, w.pid, w.concurrency, w.lease_ms,
+                      w.started_at, w.heartbeat_at, w.stopped_at,
+                      (SELECT count(*)::bigint FROM jobs j
+                        WHERE j.lease_owner = w.worker_id AND j.state = 'running') AS "jobs_running!"
+                 FROM workers w
+                ORDER BY w.started_at DESC, w.worker_id"#
+        )
+        .fetch_all(&self.pool)
+        .await?;
+        text::rows(rows)
+    }
+
+    /// Keyset pages newest first: by `tasks_owner_seq` for one owner, else
+    /// backwards along the row key.
+    async fn ops_task_page(
+        &self,
+        filter: &TaskFilter,
+        before_seq: Option<i64>,
+        limit: i64,
+    ) -> Result<Vec<TaskSummary>, StoreError> {
+        let before = before_seq.unwrap_or(i64::MAX);
+        let statuses = status_list(&filter.statuses);
+        let tool = filter.tool.as_deref();
+        let rows = match filter.owner.as_deref() {
+            Some(owner) => {
+                sqlx::query_as!(
+                    TaskSummaryText,
+                    r#"SELECT seq AS "seq!", task_id AS "task_id!", status AS "status!", tool AS "tool!",
+                              owner AS "owner!", created_at AS "created_at!",
+                              updated_at AS "updated_at!", status_message
+                         FROM tasks_as_served
+                        WHERE owner = $1 AND seq < $2
+                          AND ($3::text = '' OR position(',' || status || ',' IN $3::text) > 0)
+                          AND ($4::text IS NULL OR tool = $4::text)
+                        ORDER BY seq DESC
+                        LIMIT $5"#,
+                    owner,
+                    before,
+                    statuses,
+                    tool,
+                    limit
+                )
+                .fetch_all(&self.pool)
+                .await?
+            }
+            None => {
+                sqlx::query_as!(
+                    TaskSummaryText,
+                    r#"SELECT seq AS "seq!", task_id AS "task_id!", status AS "status!", tool AS "tool!",
+                              owner AS "owner!", created_at AS "created_at!",
+                              updated_at AS "updated_at!", status_message
+                         FROM tasks_as_served
+                        WHERE seq < $1
+                          AND ($2::text = '' OR position(',' || status || ',' IN $2::text) > 0)
+                          AND ($3::text IS NULL OR tool = $3::text)
+                        ORDER BY seq DESC
+                        LIMIT $4"#,
+                    before,
+                    statuses,
+                    tool,
+                    limit
+                )
+                .fetch_all(&self.pool)
+                .await?
+            }
+        };
+        text::rows(rows)
+    }
+
+    /// With sequential scans off, as the planner would choose on tables of
+    /// a million rows (a small table is cheaper to read whole).
+    async fn ops_stats_plans(&self, now: i64) -> Result<Vec<QueryPlan>, StoreError> {
+        let (minute, hour) = (now - MINUTE_MS, now - HOUR_MS);
+        let mut tx = self.pool.begin().await?;
+        sqlx::query!("SET LOCAL enable_seqscan = off")
+            .execute(&mut *tx)
+            .await?;
+        let mut plans = Vec::new();
+        for (name, query) in [
+            ("queued_by_tool", queued_by_tool!(explain)),
+            ("running_by_tool", running_by_tool!(explain)),
+            ("open_by_status", open_by_status!(explain)),
+            ("finished_since", finished_since!(explain, minute, hour)),
+            ("failures_since", failures_since!(explain, hour)),
+        ] {
+            let rows = query.fetch_all(&mut *tx).await?;
+            let lines = rows
+                .iter()
+                .map(|r| r.try_get::<String, _>(0))
+                .collect::<Result<Vec<_>, _>>()?;
+            plans.push(QueryPlan {
+                name,
+                plan: lines.join("\n"),
+            });
+        }
+        tx.rollback().await?;
+        Ok(plans)
+    }
+}
