@@ -536,6 +536,20 @@ fn run_curl_block(name: &str, url: &str, vars: &[&str]) -> String {
     String::from_utf8_lossy(&out.stdout).into_owned()
 }
 
+/// The `result` of the JSON-RPC answer with `id` in a script's output;
+/// panics when there is none, or it is an error.
+fn answer_result(stdout: &str, id: i64) -> Value {
+    let by_id: BTreeMap<i64, Value> = messages(stdout)
+        .into_iter()
+        .filter_map(|m| Some((m.get("id")?.as_i64()?, m)))
+        .collect();
+    let m = by_id
+        .get(&id)
+        .unwrap_or_else(|| panic!("no answer {id}: {stdout}"));
+    assert!(m.get("error").is_none(), "answer {id} is an error: {m}");
+    m["result"].clone()
+}
+
 /// The value of a `NAME=value` line of a script's output.
 fn script_var(stdout: &str, name: &str) -> String {
     stdout
@@ -563,17 +577,7 @@ async fn issue12_p7_curl_example_runs_as_written() {
     uuid::Uuid::parse_str(&task).unwrap_or_else(|e| panic!("TASK {task:?}: {e}: {stdout}"));
     uuid::Uuid::parse_str(&long).unwrap_or_else(|e| panic!("LONG {long:?}: {e}: {stdout}"));
 
-    let by_id: BTreeMap<i64, Value> = messages(&stdout)
-        .into_iter()
-        .filter_map(|m| Some((m.get("id")?.as_i64()?, m)))
-        .collect();
-    let result = |id: i64| {
-        let m = by_id
-            .get(&id)
-            .unwrap_or_else(|| panic!("no answer {id}: {stdout}"));
-        assert!(m.get("error").is_none(), "answer {id} is an error: {m}");
-        m["result"].clone()
-    };
+    let result = |id: i64| answer_result(&stdout, id);
     assert_eq!(result(2)["task"]["taskId"], json!(task));
     assert_eq!(result(2)["task"]["status"], "working");
     assert_eq!(result(3)["taskId"], json!(task));
@@ -604,17 +608,7 @@ async fn issue16_curl_2026_example_runs_as_written() {
     let stdout = run_curl_block("curl-2026", &server.url, &["TASK"]);
     let task = script_var(&stdout, "TASK");
     uuid::Uuid::parse_str(&task).unwrap_or_else(|e| panic!("TASK {task:?}: {e}: {stdout}"));
-    let by_id: BTreeMap<i64, Value> = messages(&stdout)
-        .into_iter()
-        .filter_map(|m| Some((m.get("id")?.as_i64()?, m)))
-        .collect();
-    let result = |id: i64| {
-        let m = by_id
-            .get(&id)
-            .unwrap_or_else(|| panic!("no answer {id}: {stdout}"));
-        assert!(m.get("error").is_none(), "answer {id} is an error: {m}");
-        m["result"].clone()
-    };
+    let result = |id: i64| answer_result(&stdout, id);
     assert_eq!(
         result(1)["capabilities"]["extensions"]["io.modelcontextprotocol/tasks"],
         json!({})
