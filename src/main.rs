@@ -72,6 +72,10 @@ enum TokenCommand {
         /// Lifetime, e.g. "30d", "12h" [default: never expires].
         #[arg(long)]
         expires: Option<humantime::Duration>,
+        /// May open the web console (/ui), which shows and cancels every
+        /// principal's tasks.
+        #[arg(long)]
+        operator: bool,
         /// The database: a SQLite file or a postgres://user@host/dbname URL.
         #[arg(long, env = "TASKBROKER_DB", default_value = "taskbroker.db")]
         db: PathBuf,
@@ -578,6 +582,7 @@ async fn token(cmd: TokenCommand) -> anyhow::Result<()> {
         TokenCommand::Create {
             principal,
             expires,
+            operator,
             db,
         } => {
             anyhow::ensure!(
@@ -591,12 +596,18 @@ async fn token(cmd: TokenCommand) -> anyhow::Result<()> {
                 .map_err(|e| anyhow::anyhow!("no randomness for a token: {e}"))?;
             let now = now_ms();
             let expires_at = expires.map(|d| now.saturating_add(ms(*d)));
-            store
-                .token_create(&id, &principal, &hash, expires_at, now)
-                .await?;
+            let new = store::NewToken {
+                token_id: id.clone(),
+                principal: principal.clone(),
+                secret_hash: hash.to_vec(),
+                expires_at,
+                operator,
+            };
+            store.token_create(&new, now).await?;
             store.close().await;
             eprintln!(
-                "token {id} for principal '{principal}'{}; it is shown once, store it now:",
+                "{} {id} for principal '{principal}'{}; it is shown once, store it now:",
+                if operator { "operator token" } else { "token" },
                 expires_at
                     .map(|at| format!(", expires {}", format_time(at)))
                     .unwrap_or_default()
@@ -618,10 +629,11 @@ async fn token(cmd: TokenCommand) -> anyhow::Result<()> {
                     .map(format_time)
                     .unwrap_or_else(|| "never used".into());
                 println!(
-                    "{}\t{}\tcreated {}\t{state}\t{used}",
+                    "{}\t{}\tcreated {}\t{state}\t{used}{}",
                     t.token_id,
                     t.principal,
-                    format_time(t.created_at)
+                    format_time(t.created_at),
+                    if t.operator { "\toperator" } else { "" }
                 );
             }
             store.close().await;

@@ -45,8 +45,8 @@ use sqlx::postgres::{PgPool, PgPoolOptions, PgRow};
 use sqlx::sqlite::{SqliteConnectOptions, SqlitePool, SqlitePoolOptions, SqliteRow};
 use taskbroker::store::{
     self, AnswerOutcome, CancelOutcome, ClaimedJob, Driver, Durability, NewJob, NewSession,
-    NewTask, NewWorker, RescueReport, ResultKind, Store, StoreError, TaskMessage, TaskOutcome,
-    TaskRow, TaskStatus, ToolQuota, WorkerKind, WorkerState, Write, Written,
+    NewTask, NewToken, NewWorker, RescueReport, ResultKind, Store, StoreError, TaskMessage,
+    TaskOutcome, TaskRow, TaskStatus, ToolQuota, WorkerKind, WorkerState, Write, Written,
 };
 use tempfile::TempDir;
 use tokio_util::sync::CancellationToken;
@@ -4032,23 +4032,26 @@ async fn token_create_get_list_touch_revoke(db: TestDb) {
     assert_eq!(db.store.token_get("id-1").await.unwrap(), None);
 
     db.store
-        .token_create("id-1", "alice", &[7u8; 32], None, T0)
+        .token_create(&new_token("id-1", "alice", &[7u8; 32], None), T0)
         .await
         .unwrap();
     db.store
-        .token_create("id-2", "bob", &[8u8; 32], Some(T0 + 10_000), T0 + 1)
+        .token_create(
+            &new_token("id-2", "bob", &[8u8; 32], Some(T0 + 10_000)),
+            T0 + 1,
+        )
         .await
         .unwrap();
     assert!(db.store.tokens_exist().await.unwrap());
     assert!(matches!(
         db.store
-            .token_create("id-1", "carol", &[9u8; 32], None, T0 + 2)
+            .token_create(&new_token("id-1", "carol", &[9u8; 32], None), T0 + 2)
             .await,
         Err(StoreError::Db(_))
     ));
     assert_db_refused(
         db.store
-            .token_create("id-3", "carol", &[1u8; 3], None, T0 + 2)
+            .token_create(&new_token("id-3", "carol", &[1u8; 3], None), T0 + 2)
             .await,
         &check_refusal(
             db.driver(),
@@ -4058,7 +4061,7 @@ async fn token_create_get_list_touch_revoke(db: TestDb) {
     );
     assert_db_refused(
         db.store
-            .token_create("id-4", "", &[1u8; 32], None, T0 + 2)
+            .token_create(&new_token("id-4", "", &[1u8; 32], None), T0 + 2)
             .await,
         &check_refusal(
             db.driver(),
@@ -4078,10 +4081,25 @@ async fn token_create_get_list_touch_revoke(db: TestDb) {
             expires_at: None,
             revoked_at: None,
             last_used_at: None,
+            operator: false,
         }
     );
     let two = db.store.token_get("id-2").await.unwrap().unwrap();
     assert_eq!(two.expires_at, Some(T0 + 10_000));
+    // An operator token (the console's) keeps its mark.
+    let ops = NewToken {
+        operator: true,
+        ..new_token("id-ops", "ops", &[3u8; 32], None)
+    };
+    db.store.token_create(&ops, T0 + 3).await.unwrap();
+    assert!(
+        db.store
+            .token_get("id-ops")
+            .await
+            .unwrap()
+            .unwrap()
+            .operator
+    );
     // Newest first (both drivers; the trait's doc says "oldest first").
     let ids: Vec<String> = db
         .store
@@ -4091,7 +4109,7 @@ async fn token_create_get_list_touch_revoke(db: TestDb) {
         .into_iter()
         .map(|t| t.token_id)
         .collect();
-    assert_eq!(ids, ["id-2", "id-1"]);
+    assert_eq!(ids, ["id-ops", "id-2", "id-1"]);
 
     db.store.token_touch("id-1", T0 + 5).await.unwrap();
     db.store.token_touch("id-unknown", T0 + 5).await.unwrap();
@@ -4223,3 +4241,14 @@ async fn worker_register_heartbeat_set_state_mark_dead(db: TestDb) {
     assert_eq!(read("w-2").await.0, "dead");
 }
 store_test!(worker_register_heartbeat_set_state_mark_dead);
+
+/// A token row to store: `id` of `principal`, not an operator.
+fn new_token(id: &str, principal: &str, hash: &[u8], expires_at: Option<i64>) -> NewToken {
+    NewToken {
+        token_id: id.into(),
+        principal: principal.into(),
+        secret_hash: hash.to_vec(),
+        expires_at,
+        operator: false,
+    }
+}

@@ -113,6 +113,11 @@ pub fn to_json(stats: &OpsStats) -> Value {
             })
         })
         .collect();
+    let by_tool: Vec<Value> = stats
+        .finished_by_tool
+        .iter()
+        .map(|f| json!({ "tool": f.tool, "lastMinute": f.last_minute, "lastHour": f.last_hour }))
+        .collect();
     json!({
         "now": format_time(stats.now),
         "queueDepth": stats.queued.iter().map(|q| q.jobs).sum::<i64>(),
@@ -122,6 +127,7 @@ pub fn to_json(stats: &OpsStats) -> Value {
         "openTasks": open,
         "finished": { "lastMinute": minute, "lastHour": hour },
         "perMinute": { "lastMinute": rate_minute, "lastHour": rate_hour },
+        "finishedByTool": by_tool,
         "failuresLastHour": failures,
     })
 }
@@ -179,6 +185,22 @@ pub fn to_text(stats: &OpsStats) -> String {
         ]);
     }
     out.push_str(&table(&rows, &[1, 2, 3, 4]));
+    if !stats.finished_by_tool.is_empty() {
+        out.push_str("\nfinished by tool\n");
+        let mut rows = vec![vec![
+            "  tool".into(),
+            "last minute".into(),
+            "last hour".into(),
+        ]];
+        for f in &stats.finished_by_tool {
+            rows.push(vec![
+                format!("  {}", f.tool),
+                f.last_minute.to_string(),
+                f.last_hour.to_string(),
+            ]);
+        }
+        out.push_str(&table(&rows, &[1, 2]));
+    }
     let failed: i64 = stats.failures.iter().map(|f| f.failed).sum();
     out.push_str(&format!("\nfailures in the last hour: {failed}\n"));
     if !stats.failures.is_empty() {

@@ -134,6 +134,21 @@ pub async fn authenticate(
         .or_else(|| value.strip_prefix("bearer "))
         .ok_or(AuthError::Invalid)?
         .trim();
+    Ok(Some(Principal(verify(store, token).await?.principal)))
+}
+
+/// A token that checked out.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Verified {
+    /// Whom it acts as.
+    pub principal: String,
+    /// May open the web console.
+    pub operator: bool,
+}
+
+/// Check a whole token (`tbk_<id>_<secret>`): known, secret matching,
+/// neither revoked nor expired; notes its use (at most once a minute).
+pub async fn verify(store: &TokenRecords, token: &str) -> Result<Verified, AuthError> {
     let (id, secret) = token
         .strip_prefix(PREFIX)
         .and_then(|rest| rest.split_once('_'))
@@ -149,7 +164,10 @@ pub async fn authenticate(
     if row.last_used_at.is_none_or(|at| now - at > 60_000) {
         store.token_touch(id, now).await?;
     }
-    Ok(Some(Principal(row.principal)))
+    Ok(Verified {
+        principal: row.principal,
+        operator: row.operator,
+    })
 }
 
 #[cfg(test)]

@@ -6,7 +6,7 @@
 use async_trait::async_trait;
 use sqlx::Row;
 use taskbroker_storage::ops::*;
-use taskbroker_storage::text;
+use taskbroker_storage::text::{self, TaskText};
 use taskbroker_storage::*;
 
 use crate::PostgresStore;
@@ -79,6 +79,20 @@ macro_rules! failures_since {
     };
 }
 
+/// Finished tasks by tool since an hour and a minute (throughput): the
+/// `tasks_finished` index holds every column read (V4).
+macro_rules! finished_by_tool {
+    ($mode:ident, $minute:expr, $hour:expr) => {
+        stats!($mode ToolFinished,
+            r#"SELECT tool AS "tool!",
+                      count(*) FILTER (WHERE updated_at >= $1) AS "last_minute!",
+                      count(*) AS "last_hour!"
+                 FROM tasks
+                WHERE status IN ('completed', 'failed', 'cancelled') AND updated_at >= $2
+                GROUP BY tool ORDER BY tool"#, $minute, $hour)
+    };
+}
+
 #[async_trait]
 impl OpsStore for PostgresStore {
     /// Every count in one repeatable-read transaction: one snapshot.
@@ -97,6 +111,9 @@ impl OpsStore for PostgresStore {
                 .await?,
         )?;
         let failures = failures_since!(run, hour).fetch_all(&mut *tx).await?;
+        let finished_by_tool = finished_by_tool!(run, minute, hour)
+            .fetch_all(&mut *tx)
+            .await?;
         tx.commit().await?;
         Ok(OpsStats {
             now,
@@ -105,6 +122,7 @@ impl OpsStore for PostgresStore {
             open,
             finished,
             failures,
+            finished_by_tool,
         })
     }
 
@@ -184,6 +202,86 @@ impl OpsStore for PostgresStore {
 
     /// With sequential scans off, as the planner would choose on tables of
     /// a million rows (a small table is cheaper to read whole).
+    /// One repeatable-read transaction: one snapshot of the task and its
+    /// history, each part an index search by the task's row key.
+    async fn ops_task_history(&self, task_id: &str) -> Result<Option<TaskHistory>, StoreError> {
+        let mut tx = self.pool.begin().await?;
+        sqlx::query!("SET TRANSACTION ISOLATION LEVEL REPEATABLE READ, READ ONLY")
+            .execute(&mut *tx)
+            .await?;
+        let task = sqlx::query_as!(
+            TaskText,
+            r#"SELECT seq AS "seq!", task_id AS "task_id!", owner AS "owner!", tool AS "tool!",
+                      arguments AS "arguments!", status AS "status!", status_message,
+                      created_at AS "created_at!", updated_at AS "updated_at!", ttl_ms, expires_at,
+                      poll_interval_ms, progress_token, result, result_kind
+                 FROM tasks_as_served WHERE task_id = $1"#,
+            task_id
+        )
+        .fetch_optional(&mut *tx)
+        .await?;
+        let Some(task) = task else {
+            return Ok(None);
+        };
+        let task = TaskRow::try_from(task)?;
+        let job = sqlx::query_as!(
+            JobInfo,
+            r#"SELECT state, attempt, max_attempts, priority, run_after, lease_owner,
+                      lease_expires_at, cancel_requested <> 0 AS "cancel_requested!",
+                      last_error, finished_at
+                 FROM jobs WHERE task_seq = $1"#,
+            task.seq
+        )
+        .fetch_optional(&mut *tx)
+        .await?;
+        let events = sqlx::query_as!(
+            StatusChangeText,
+            r#"SELECT id, from_status, to_status, message, at
+                 FROM task_events WHERE task_seq = $1 ORDER BY id LIMIT $2"#,
+            task.seq,
+            HISTORY_LIMIT
+        )
+        .fetch_all(&mut *tx)
+        .await?;
+        let job_events = sqlx::query_as!(
+            JobEventInfo,
+            r#"SELECT id, attempt, event, worker, reason, at
+                 FROM job_events WHERE task_seq = $1 ORDER BY id LIMIT $2"#,
+            task.seq,
+            HISTORY_LIMIT
+        )
+        .fetch_all(&mut *tx)
+        .await?;
+        let mut progress = sqlx::query_as!(
+            ProgressReport,
+            r#"SELECT id, progress, total, message, at
+                 FROM task_progress WHERE task_seq = $1 ORDER BY id DESC LIMIT $2"#,
+            task.seq,
+            PROGRESS_LIMIT
+        )
+        .fetch_all(&mut *tx)
+        .await?;
+        progress.reverse();
+        let messages = sqlx::query_as!(
+            MessageInfo,
+            r#"SELECT request_id, method, params, state, response, created_at, answered_at
+                 FROM task_messages WHERE task_seq = $1 ORDER BY id LIMIT $2"#,
+            task.seq,
+            HISTORY_LIMIT
+        )
+        .fetch_all(&mut *tx)
+        .await?;
+        tx.commit().await?;
+        Ok(Some(TaskHistory {
+            task,
+            job,
+            events: text::rows(events)?,
+            job_events,
+            progress,
+            messages,
+        }))
+    }
+
     async fn ops_stats_plans(&self, now: i64) -> Result<Vec<QueryPlan>, StoreError> {
         let (minute, hour) = (now - MINUTE_MS, now - HOUR_MS);
         let mut tx = self.pool.begin().await?;
@@ -197,6 +295,7 @@ impl OpsStore for PostgresStore {
             ("open_by_status", open_by_status!(explain)),
             ("finished_since", finished_since!(explain, minute, hour)),
             ("failures_since", failures_since!(explain, hour)),
+            ("finished_by_tool", finished_by_tool!(explain, minute, hour)),
         ] {
             let rows = query.fetch_all(&mut *tx).await?;
             let lines = rows

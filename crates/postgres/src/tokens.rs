@@ -8,21 +8,15 @@ use crate::PostgresStore;
 #[async_trait]
 impl TokenStore for PostgresStore {
     /// Store a new token.
-    async fn token_create(
-        &self,
-        token_id: &str,
-        principal: &str,
-        secret_hash: &[u8],
-        expires_at: Option<i64>,
-        now: i64,
-    ) -> Result<(), StoreError> {
+    async fn token_create(&self, token: &NewToken, now: i64) -> Result<(), StoreError> {
         sqlx::query!(
-            "INSERT INTO tokens (token_id, principal, secret_hash, created_at, expires_at) VALUES ($1, $2, $3, $4, $5)",
-            token_id,
-            principal,
-            secret_hash,
+            "INSERT INTO tokens (token_id, principal, secret_hash, created_at, expires_at, operator) VALUES ($1, $2, $3, $4, $5, $6)",
+            token.token_id,
+            token.principal,
+            token.secret_hash,
             now,
-            expires_at
+            token.expires_at,
+            token.operator
         )
         .execute(&self.pool)
         .await?;
@@ -33,7 +27,8 @@ impl TokenStore for PostgresStore {
     async fn token_get(&self, token_id: &str) -> Result<Option<TokenRow>, StoreError> {
         let row = sqlx::query_as!(
             TokenRow,
-            "SELECT token_id, principal, secret_hash, created_at, expires_at, revoked_at, last_used_at
+            "SELECT token_id, principal, secret_hash, created_at, expires_at, revoked_at, last_used_at,
+                      operator
                FROM tokens WHERE token_id = $1",
             token_id
         )
@@ -47,7 +42,8 @@ impl TokenStore for PostgresStore {
     async fn token_list(&self) -> Result<Vec<TokenRow>, StoreError> {
         let rows = sqlx::query_as!(
             TokenRow,
-            "SELECT token_id, principal, secret_hash, created_at, expires_at, revoked_at, last_used_at
+            "SELECT token_id, principal, secret_hash, created_at, expires_at, revoked_at, last_used_at,
+                      operator
                FROM tokens ORDER BY created_at DESC, token_id"
         )
         .fetch_all(&self.pool)

@@ -872,16 +872,43 @@ async fn tokens() {
     let store = db.open().await;
     assert!(!store.tokens_exist().await.expect("exist"));
     store
-        .token_create("id1", "alice", &[7u8; 32], None, NOW)
+        .token_create(
+            &NewToken {
+                token_id: "id1".into(),
+                principal: "alice".into(),
+                secret_hash: vec![7u8; 32],
+                expires_at: None,
+                operator: false,
+            },
+            NOW,
+        )
         .await
         .expect("create");
     store
-        .token_create("id2", "bob", &[8u8; 32], Some(NOW + 10), NOW + 1)
+        .token_create(
+            &NewToken {
+                token_id: "id2".into(),
+                principal: "bob".into(),
+                secret_hash: vec![8u8; 32],
+                expires_at: Some(NOW + 10),
+                operator: true,
+            },
+            NOW + 1,
+        )
         .await
         .expect("create");
     assert!(
         store
-            .token_create("id3", "carol", &[1u8; 3], None, NOW)
+            .token_create(
+                &NewToken {
+                    token_id: "id3".into(),
+                    principal: "carol".into(),
+                    secret_hash: vec![1u8; 3],
+                    expires_at: None,
+                    operator: false,
+                },
+                NOW,
+            )
             .await
             .is_err(),
         "a hash must be 32 bytes"
@@ -890,6 +917,15 @@ async fn tokens() {
     let t = store.token_get("id1").await.expect("get").expect("id1");
     assert_eq!(t.secret_hash, vec![7u8; 32]);
     assert_eq!(t.principal, "alice");
+    assert!(!t.operator);
+    assert!(
+        store
+            .token_get("id2")
+            .await
+            .expect("get")
+            .expect("id2")
+            .operator
+    );
     let list: Vec<String> = store
         .token_list()
         .await

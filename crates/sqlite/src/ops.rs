@@ -7,7 +7,7 @@ use std::path::Path;
 use async_trait::async_trait;
 use sqlx::Row;
 use taskbroker_storage::ops::*;
-use taskbroker_storage::text;
+use taskbroker_storage::text::{self, TaskText};
 use taskbroker_storage::*;
 
 use crate::SqliteStore;
@@ -80,6 +80,20 @@ macro_rules! failures_since {
     };
 }
 
+/// Finished tasks by tool since an hour and a minute (throughput): the
+/// `tasks_finished` index holds every column read (V12).
+macro_rules! finished_by_tool {
+    ($mode:ident, $minute:expr, $hour:expr) => {
+        stats!($mode ToolFinished,
+            r#"SELECT tool AS "tool!",
+                      sum(CASE WHEN updated_at >= ? THEN 1 ELSE 0 END) AS "last_minute!: i64",
+                      count(*) AS "last_hour!: i64"
+                 FROM tasks
+                WHERE status IN ('completed', 'failed', 'cancelled') AND updated_at >= ?
+                GROUP BY tool ORDER BY tool"#, $minute, $hour)
+    };
+}
+
 #[async_trait]
 impl OpsStore for SqliteStore {
     /// Every count in one read transaction: one snapshot.
@@ -95,6 +109,9 @@ impl OpsStore for SqliteStore {
                 .await?,
         )?;
         let failures = failures_since!(run, hour).fetch_all(&mut *tx).await?;
+        let finished_by_tool = finished_by_tool!(run, minute, hour)
+            .fetch_all(&mut *tx)
+            .await?;
         tx.commit().await?;
         Ok(OpsStats {
             now,
@@ -103,6 +120,7 @@ impl OpsStore for SqliteStore {
             open,
             finished,
             failures,
+            finished_by_tool,
         })
     }
 
@@ -179,6 +197,82 @@ impl OpsStore for SqliteStore {
         text::rows(rows)
     }
 
+    /// One read transaction: one snapshot of the task and its history,
+    /// each part an index search by the task's row key.
+    async fn ops_task_history(&self, task_id: &str) -> Result<Option<TaskHistory>, StoreError> {
+        let mut tx = self.read.begin().await?;
+        let task = sqlx::query_as!(
+            TaskText,
+            r#"SELECT seq AS "seq!", task_id, owner, tool, arguments, status, status_message,
+                      created_at, updated_at, ttl_ms, expires_at, poll_interval_ms,
+                      progress_token, result, result_kind
+                 FROM tasks_as_served WHERE task_id = ?"#,
+            task_id
+        )
+        .fetch_optional(&mut *tx)
+        .await?;
+        let Some(task) = task else {
+            return Ok(None);
+        };
+        let task = TaskRow::try_from(task)?;
+        let job = sqlx::query_as!(
+            JobInfo,
+            r#"SELECT state, attempt, max_attempts, priority, run_after, lease_owner,
+                      lease_expires_at, cancel_requested AS "cancel_requested: bool",
+                      last_error, finished_at
+                 FROM jobs WHERE task_seq = ?"#,
+            task.seq
+        )
+        .fetch_optional(&mut *tx)
+        .await?;
+        let events = sqlx::query_as!(
+            StatusChangeText,
+            r#"SELECT id AS "id!", from_status, to_status, message, at
+                 FROM task_events WHERE task_seq = ? ORDER BY id LIMIT ?"#,
+            task.seq,
+            HISTORY_LIMIT
+        )
+        .fetch_all(&mut *tx)
+        .await?;
+        let job_events = sqlx::query_as!(
+            JobEventInfo,
+            r#"SELECT id AS "id!", attempt, event, worker, reason, at
+                 FROM job_events WHERE task_seq = ? ORDER BY id LIMIT ?"#,
+            task.seq,
+            HISTORY_LIMIT
+        )
+        .fetch_all(&mut *tx)
+        .await?;
+        let mut progress = sqlx::query_as!(
+            ProgressReport,
+            r#"SELECT id AS "id!", progress, total, message, at
+                 FROM task_progress WHERE task_seq = ? ORDER BY id DESC LIMIT ?"#,
+            task.seq,
+            PROGRESS_LIMIT
+        )
+        .fetch_all(&mut *tx)
+        .await?;
+        progress.reverse();
+        let messages = sqlx::query_as!(
+            MessageInfo,
+            r#"SELECT request_id, method, params, state, response, created_at, answered_at
+                 FROM task_messages WHERE task_seq = ? ORDER BY id LIMIT ?"#,
+            task.seq,
+            HISTORY_LIMIT
+        )
+        .fetch_all(&mut *tx)
+        .await?;
+        tx.commit().await?;
+        Ok(Some(TaskHistory {
+            task,
+            job,
+            events: text::rows(events)?,
+            job_events,
+            progress,
+            messages,
+        }))
+    }
+
     async fn ops_stats_plans(&self, now: i64) -> Result<Vec<QueryPlan>, StoreError> {
         let (minute, hour) = (now - MINUTE_MS, now - HOUR_MS);
         let mut conn = self.read.acquire().await?;
@@ -189,6 +283,7 @@ impl OpsStore for SqliteStore {
             ("open_by_status", open_by_status!(explain)),
             ("finished_since", finished_since!(explain, minute, hour)),
             ("failures_since", failures_since!(explain, hour)),
+            ("finished_by_tool", finished_by_tool!(explain, minute, hour)),
         ] {
             let rows = query.fetch_all(&mut *conn).await?;
             let lines = rows

@@ -8,21 +8,15 @@ use crate::SqliteStore;
 #[async_trait]
 impl TokenStore for SqliteStore {
     /// Store a new token.
-    async fn token_create(
-        &self,
-        token_id: &str,
-        principal: &str,
-        secret_hash: &[u8],
-        expires_at: Option<i64>,
-        now: i64,
-    ) -> Result<(), StoreError> {
+    async fn token_create(&self, token: &NewToken, now: i64) -> Result<(), StoreError> {
         sqlx::query!(
-            "INSERT INTO tokens (token_id, principal, secret_hash, created_at, expires_at) VALUES (?, ?, ?, ?, ?)",
-            token_id,
-            principal,
-            secret_hash,
+            "INSERT INTO tokens (token_id, principal, secret_hash, created_at, expires_at, operator) VALUES (?, ?, ?, ?, ?, ?)",
+            token.token_id,
+            token.principal,
+            token.secret_hash,
             now,
-            expires_at
+            token.expires_at,
+            token.operator
         )
         .execute(&self.write)
         .await?;
@@ -33,8 +27,9 @@ impl TokenStore for SqliteStore {
     async fn token_get(&self, token_id: &str) -> Result<Option<TokenRow>, StoreError> {
         let row = sqlx::query_as!(
             TokenRow,
-            "SELECT token_id, principal, secret_hash, created_at, expires_at, revoked_at, last_used_at
-               FROM tokens WHERE token_id = ?",
+            r#"SELECT token_id, principal, secret_hash, created_at, expires_at, revoked_at, last_used_at,
+                      operator AS "operator: bool"
+               FROM tokens WHERE token_id = ?"#,
             token_id
         )
         .fetch_optional(&self.read)
@@ -46,8 +41,9 @@ impl TokenStore for SqliteStore {
     async fn token_list(&self) -> Result<Vec<TokenRow>, StoreError> {
         let rows = sqlx::query_as!(
             TokenRow,
-            "SELECT token_id, principal, secret_hash, created_at, expires_at, revoked_at, last_used_at
-               FROM tokens ORDER BY created_at DESC"
+            r#"SELECT token_id, principal, secret_hash, created_at, expires_at, revoked_at, last_used_at,
+                      operator AS "operator: bool"
+               FROM tokens ORDER BY created_at DESC"#
         )
         .fetch_all(&self.read)
         .await?;

@@ -313,14 +313,7 @@ pub trait SessionStore {
 #[async_trait]
 pub trait TokenStore {
     /// Store a new token.
-    async fn token_create(
-        &self,
-        token_id: &str,
-        principal: &str,
-        secret_hash: &[u8],
-        expires_at: Option<i64>,
-        now: i64,
-    ) -> Result<(), StoreError>;
+    async fn token_create(&self, token: &NewToken, now: i64) -> Result<(), StoreError>;
     /// One token.
     async fn token_get(&self, token_id: &str) -> Result<Option<TokenRow>, StoreError>;
     /// Every token, newest first.

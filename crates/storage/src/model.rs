@@ -343,6 +343,23 @@ pub struct TokenRow {
     pub revoked_at: Option<i64>,
     /// ms; updated at most once a minute.
     pub last_used_at: Option<i64>,
+    /// May open the web console, which shows every principal's tasks.
+    pub operator: bool,
+}
+
+/// A token to store.
+#[derive(Debug, Clone)]
+pub struct NewToken {
+    /// Public id.
+    pub token_id: String,
+    /// Whose it is.
+    pub principal: String,
+    /// SHA-256 of the secret.
+    pub secret_hash: Vec<u8>,
+    /// ms; None = never.
+    pub expires_at: Option<i64>,
+    /// May open the web console, which shows every principal's tasks.
+    pub operator: bool,
 }
 
 /// A pool announcing itself.

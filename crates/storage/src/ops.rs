@@ -7,7 +7,7 @@ use std::str::FromStr;
 
 use async_trait::async_trait;
 
-use crate::{StoreError, TaskStatus, WorkerKind};
+use crate::{StoreError, TaskRow, TaskStatus, WorkerKind};
 
 /// Jobs of one tool waiting in the queue.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -54,6 +54,17 @@ pub struct ToolFailures {
     pub last_message: Option<String>,
 }
 
+/// Tasks of one tool that finished lately, whatever their final status.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ToolFinished {
+    /// The tool.
+    pub tool: String,
+    /// Finished in the last minute.
+    pub last_minute: i64,
+    /// Finished in the last hour.
+    pub last_hour: i64,
+}
+
 /// The state of the queue and of recent tasks at `now`.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct OpsStats {
@@ -71,6 +82,9 @@ pub struct OpsStats {
     pub finished: Vec<Finished>,
     /// Failed tasks by tool over the last hour, by tool name.
     pub failures: Vec<ToolFailures>,
+    /// Finished tasks by tool over the last minute and hour (throughput),
+    /// by tool name.
+    pub finished_by_tool: Vec<ToolFinished>,
 }
 
 /// One minute, ms.
@@ -203,6 +217,123 @@ pub struct TaskSummary {
     pub status_message: Option<String>,
 }
 
+/// A task's job, as the queue holds it.
+#[derive(Debug, Clone, PartialEq)]
+pub struct JobInfo {
+    /// `queued`, `running` or `done`.
+    pub state: String,
+    /// Attempts started.
+    pub attempt: i64,
+    /// Attempts allowed.
+    pub max_attempts: i64,
+    /// Higher runs first.
+    pub priority: i64,
+    /// Runnable from, ms.
+    pub run_after: i64,
+    /// The worker holding its lease.
+    pub lease_owner: Option<String>,
+    /// When that lease runs out, ms.
+    pub lease_expires_at: Option<i64>,
+    /// A cancel waits for the worker.
+    pub cancel_requested: bool,
+    /// The last attempt's error.
+    pub last_error: Option<String>,
+    /// ms, once done.
+    pub finished_at: Option<i64>,
+}
+
+/// One status change of a task (a `task_events` row).
+#[derive(Debug, Clone, PartialEq)]
+pub struct StatusChange {
+    /// Feed position.
+    pub id: i64,
+    /// None: the task was created.
+    pub from_status: Option<TaskStatus>,
+    /// The new status.
+    pub to_status: TaskStatus,
+    /// The statusMessage that came with it.
+    pub message: Option<String>,
+    /// ms.
+    pub at: i64,
+}
+
+/// One event of a task's job (a `job_events` row).
+#[derive(Debug, Clone, PartialEq)]
+pub struct JobEventInfo {
+    /// Row key.
+    pub id: i64,
+    /// The attempt it belongs to.
+    pub attempt: i64,
+    /// `claimed`, `requeued` or `finished`.
+    pub event: String,
+    /// The worker that held the job.
+    pub worker: Option<String>,
+    /// Why it was requeued or how it finished.
+    pub reason: Option<String>,
+    /// ms.
+    pub at: i64,
+}
+
+/// One progress report of a task.
+#[derive(Debug, Clone, PartialEq)]
+pub struct ProgressReport {
+    /// Row key.
+    pub id: i64,
+    /// Increases with every report.
+    pub progress: f64,
+    /// Known total.
+    pub total: Option<f64>,
+    /// What is happening.
+    pub message: Option<String>,
+    /// ms.
+    pub at: i64,
+}
+
+/// A request a task sent to its client (elicitation, sampling), and the
+/// answer.
+#[derive(Debug, Clone, PartialEq)]
+pub struct MessageInfo {
+    /// The id the request went out with.
+    pub request_id: String,
+    /// `elicitation/create`, `sampling/createMessage`, ...
+    pub method: String,
+    /// Its params, JSON text.
+    pub params: String,
+    /// `pending`, `answered` or `abandoned`.
+    pub state: String,
+    /// The answer, JSON text.
+    pub response: Option<String>,
+    /// ms.
+    pub created_at: i64,
+    /// ms.
+    pub answered_at: Option<i64>,
+}
+
+/// Everything stored about one task, for the console's task page.
+#[derive(Debug, Clone)]
+pub struct TaskHistory {
+    /// The task as served (arguments, status, result).
+    pub task: TaskRow,
+    /// Its job; None for a task whose job was purged.
+    pub job: Option<JobInfo>,
+    /// Its status changes, oldest first (at most [`HISTORY_LIMIT`]).
+    pub events: Vec<StatusChange>,
+    /// Its job's claims, requeues and finish, oldest first (at most
+    /// [`HISTORY_LIMIT`]).
+    pub job_events: Vec<JobEventInfo>,
+    /// Its latest progress reports, oldest first (at most
+    /// [`PROGRESS_LIMIT`]).
+    pub progress: Vec<ProgressReport>,
+    /// Its requests to the client, oldest first (at most
+    /// [`HISTORY_LIMIT`]).
+    pub messages: Vec<MessageInfo>,
+}
+
+/// Status changes, job events and requests read for one task at most.
+pub const HISTORY_LIMIT: i64 = 500;
+/// Progress reports read for one task at most (the latest).
+pub const PROGRESS_LIMIT: i64 = 100;
+
 /// The plan the database picks for one query.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct QueryPlan {
@@ -228,6 +359,8 @@ pub trait OpsStore {
         before_seq: Option<i64>,
         limit: i64,
     ) -> Result<Vec<TaskSummary>, StoreError>;
+    /// Everything stored about one task (any owner's); None when unknown.
+    async fn ops_task_history(&self, task_id: &str) -> Result<Option<TaskHistory>, StoreError>;
     /// The plan of each query of [`OpsStore::ops_stats`] (PostgreSQL:
     /// with sequential scans discouraged, as on a large table), to check
     /// that they search indexes.
@@ -359,4 +492,31 @@ pub fn status_list(statuses: &[TaskStatus]) -> String {
         text.push(',');
     }
     text
+}
+
+/// A status change with its statuses as stored text.
+#[derive(Debug)]
+#[allow(missing_docs)]
+pub struct StatusChangeText {
+    pub id: i64,
+    pub from_status: Option<String>,
+    pub to_status: String,
+    pub message: Option<String>,
+    pub at: i64,
+}
+
+impl TryFrom<StatusChangeText> for StatusChange {
+    type Error = StoreError;
+    fn try_from(e: StatusChangeText) -> Result<Self, StoreError> {
+        Ok(StatusChange {
+            id: e.id,
+            from_status: e
+                .from_status
+                .map(|s| status("task_events.from_status", &s))
+                .transpose()?,
+            to_status: status("task_events.to_status", &e.to_status)?,
+            message: e.message,
+            at: e.at,
+        })
+    }
 }
