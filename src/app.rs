@@ -16,7 +16,7 @@ use crate::server::{
     AppState, Audit, ClientRequests, RateLimiter, RequestLimits, RequestStates, ServerConfig,
     SessionStreams, Sessions, StreamCounter, Streams, spawn_status_notifier,
 };
-use crate::store::{self, Durability, Store, WorkerKind};
+use crate::store::{self, Database, Durability, Store, WorkerKind};
 use crate::tools::{Registry, Tool};
 use crate::worker::{WorkerConfig, WorkerPool};
 
@@ -232,8 +232,19 @@ pub async fn serve(config: ServeConfig) -> anyhow::Result<()> {
         config: Arc::new(config.server.clone()),
         local_addr,
     };
+    let console = crate::console::Console {
+        app: state.clone(),
+        store: store.clone(),
+        database: match Database::parse(&config.db) {
+            Database::Sqlite(_) => "sqlite",
+            Database::Postgres(_) => "postgres",
+        },
+        stopping: stopping.clone(),
+    };
     let app = crate::metrics::http_layer(
-        crate::server::router(state).merge(crate::metrics::routes(scrape)),
+        crate::server::router(state)
+            .merge(crate::metrics::routes(scrape))
+            .merge(crate::console::routes(console)),
     );
     // Scripts and tests read this line to learn the port.
     crate::logging::stdout_line(&format!("taskbroker listening on http://{local_addr}/mcp"));

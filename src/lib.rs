@@ -26,6 +26,8 @@
 //!   measurement it was picked from.
 //! - [`logging`]: stderr logging that loses lines, never the process, when
 //!   stderr is closed.
+//! - [`console`]: the web console at `/ui` (pages, its JSON and its live
+//!   events), for operators.
 //! - [`metrics`]: Prometheus metrics (`/metrics`) and readiness (`/readyz`).
 //! - [`clock`]: wall-clock milliseconds, the unit of every stored time.
 //! - [`ops`]: the operator commands (`taskbroker stats`, `workers`, `tasks
@@ -38,6 +40,7 @@ pub mod broker;
 pub mod client;
 pub mod clock;
 pub mod config;
+pub mod console;
 pub mod defaults;
 pub mod logging;
 pub mod mcp;

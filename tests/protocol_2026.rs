@@ -12,10 +12,9 @@
 #[macro_use]
 mod common;
 
-use std::process::Command;
 use std::time::{Duration, Instant};
 
-use common::{Client, Driver, Server, SseReader, WorkerProc, parse_sse};
+use common::{Client, Driver, Server, SseReader, WorkerProc, create_token, parse_sse};
 use reqwest::header::{HeaderMap, HeaderName, HeaderValue};
 use serde_json::{Value, json};
 
@@ -332,27 +331,6 @@ impl Modern {
         self.wait_until(task_id, status, |t| t["status"] == status)
             .await
     }
-}
-
-/// `taskbroker token create --principal <principal>` on the server's
-/// database: the token (the last stdout line).
-fn create_token(server: &Server, principal: &str) -> String {
-    let out = Command::new(env!("CARGO_BIN_EXE_taskbroker"))
-        .args(["token", "create", "--principal", principal, "--db"])
-        .arg(server.db_arg())
-        .env_remove("TASKBROKER_DB")
-        .env("RUST_LOG", "warn")
-        .output()
-        .expect("taskbroker token runs");
-    assert!(
-        out.status.success(),
-        "token create failed: {}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-    let text = String::from_utf8(out.stdout).unwrap();
-    let token = text.lines().last().expect("a line").trim().to_owned();
-    assert!(token.starts_with("tbk_"), "last stdout line: {text:?}");
-    token
 }
 
 /// A 2025-11-25 session carrying `token`.
@@ -912,7 +890,7 @@ both_drivers!(issue16_task_lifecycle_with_the_extension);
 /// session created is readable by 2026 tasks/get.
 async fn issue16_one_task_seen_by_both_generations(driver: Driver) {
     let server = Server::start_on(driver, &[]);
-    let alice = create_token(&server, "alice");
+    let alice = create_token(&server, "alice", &[]);
     let mut m = Modern::with_token(&server.url, with_tasks(), &alice);
     let id = m
         .create_task("fail", json!({ "message": "on purpose" }))
@@ -956,8 +934,8 @@ both_drivers!(issue16_one_task_seen_by_both_generations);
 async fn issue16_two_principals_two_generations_one_worker(driver: Driver) {
     let server = Server::start_on(driver, &["--workers", "0"]);
     let worker = WorkerProc::start(&server, 0, &["--lease", "5"]);
-    let alice_token = create_token(&server, "alice");
-    let bob_token = create_token(&server, "bob");
+    let alice_token = create_token(&server, "alice", &[]);
+    let bob_token = create_token(&server, "bob", &[]);
     let mut alice = session_of(&server, &alice_token).await;
     let mut bob = Modern::with_token(&server.url, with_tasks(), &bob_token);
 

@@ -10,7 +10,7 @@ mod common;
 use std::process::{Command, Output};
 use std::time::{Duration, Instant};
 
-use common::{Client, Driver, Raw, Server};
+use common::{Client, Driver, Raw, Server, create_token};
 use reqwest::header::{HeaderMap, HeaderValue};
 use serde_json::{Value, json};
 use sha2::{Digest, Sha256};
@@ -46,23 +46,6 @@ fn token_cli(server: &Server, args: &[&str]) -> Output {
 
 fn stdout(out: &Output) -> String {
     String::from_utf8(out.stdout.clone()).unwrap()
-}
-
-/// `token create --principal <principal> [extra]`: the token, the last
-/// stdout line.
-fn create_token(server: &Server, principal: &str, extra: &[&str]) -> String {
-    let mut args = vec!["create", "--principal", principal];
-    args.extend_from_slice(extra);
-    let out = token_cli(server, &args);
-    assert!(
-        out.status.success(),
-        "token create failed: {}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-    let text = stdout(&out);
-    let token = text.lines().last().expect("a line").trim().to_owned();
-    assert!(token.starts_with("tbk_"), "last stdout line: {text:?}");
-    token
 }
 
 /// (id, secret) of `tbk_<id>_<secret>`.

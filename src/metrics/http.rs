@@ -131,6 +131,7 @@ async fn track(request: Request, next: Next) -> Response {
         "/metrics" => "/metrics",
         "/healthz" => "/healthz",
         "/readyz" => "/readyz",
+        p if p == "/ui" || p.starts_with("/ui/") => "/ui",
         _ => "other",
     };
     let started = Instant::now();

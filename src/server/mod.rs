@@ -12,7 +12,7 @@ mod dispatch;
 mod limits;
 mod modern;
 mod notify;
-mod origin;
+pub mod origin;
 mod refusals;
 mod sessions;
 mod sse;
@@ -31,7 +31,9 @@ use crate::defaults;
 
 pub use audit::{Actor, Audit};
 pub use calls::ClientRequests;
-pub use limits::{RateLimiter, Refusal, RequestLimits, Requestor, StreamCounter};
+pub use limits::{
+    RateLimiter, Refusal, RequestLimits, Requestor, StreamCounter, hold_while_streaming,
+};
 pub use modern::state::StateKey as RequestStates;
 pub use notify::{SessionStreams, spawn_status_notifier};
 pub use sessions::{Session, Sessions};

@@ -4,6 +4,48 @@
 
 use std::net::SocketAddr;
 
+use axum::http::{HeaderMap, header};
+
+/// Why a request's `Origin` or `Host` is refused.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Refused {
+    /// `Origin` names a site that is not ours.
+    Origin,
+    /// `Host` names another host while we listen on loopback.
+    Host,
+}
+
+impl Refused {
+    /// The text of the 403.
+    pub fn message(self) -> &'static str {
+        match self {
+            Self::Origin => "Forbidden: Origin not allowed",
+            Self::Host => "Forbidden: Host not allowed",
+        }
+    }
+}
+
+/// Check a request's `Origin` and `Host` headers (each when present).
+pub fn check(headers: &HeaderMap, local: SocketAddr, allowed: &[String]) -> Result<(), Refused> {
+    if let Some(origin) = headers.get(header::ORIGIN) {
+        let ok = origin
+            .to_str()
+            .is_ok_and(|o| origin_allowed(o, local, allowed));
+        if !ok {
+            tracing::warn!(origin = ?origin, "request refused: origin not allowed");
+            return Err(Refused::Origin);
+        }
+    }
+    if let Some(host) = headers.get(header::HOST) {
+        let ok = host.to_str().is_ok_and(|h| host_allowed(h, local, allowed));
+        if !ok {
+            tracing::warn!(host = ?host, "request refused: host not allowed");
+            return Err(Refused::Host);
+        }
+    }
+    Ok(())
+}
+
 /// Host part of an origin or Host header value, lower-cased, without port
 /// or brackets.
 fn host_of(authority: &str) -> String {

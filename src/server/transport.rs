@@ -16,7 +16,7 @@ use super::auth::{self, AuthError, Principal};
 use super::dispatch::{Reply, StreamItem, dispatch};
 use super::limits::{Requestor, hold_while_streaming};
 use super::notify::{parse_get_event_id, status_notification};
-use super::origin::{host_allowed, origin_allowed};
+use super::origin;
 use super::sessions::Session;
 use super::streams::Attach;
 use super::{AppState, sse};
@@ -163,34 +163,9 @@ async fn requestor<'a>(
 }
 
 fn check_origin(state: &AppState, headers: &HeaderMap) -> Option<Response> {
-    let allowed = &state.config.allowed_origins;
-    if let Some(origin) = headers.get(header::ORIGIN) {
-        let ok = origin
-            .to_str()
-            .is_ok_and(|o| origin_allowed(o, state.local_addr, allowed));
-        if !ok {
-            tracing::warn!(origin = ?origin, "request refused: origin not allowed");
-            return Some(http_error(
-                StatusCode::FORBIDDEN,
-                -32000,
-                "Forbidden: Origin not allowed",
-            ));
-        }
-    }
-    if let Some(host) = headers.get(header::HOST) {
-        let ok = host
-            .to_str()
-            .is_ok_and(|h| host_allowed(h, state.local_addr, allowed));
-        if !ok {
-            tracing::warn!(host = ?host, "request refused: host not allowed");
-            return Some(http_error(
-                StatusCode::FORBIDDEN,
-                -32000,
-                "Forbidden: Host not allowed",
-            ));
-        }
-    }
-    None
+    origin::check(headers, state.local_addr, &state.config.allowed_origins)
+        .err()
+        .map(|refused| http_error(StatusCode::FORBIDDEN, -32000, refused.message()))
 }
 
 pub(super) fn accepts(headers: &HeaderMap, media: &str) -> bool {

@@ -111,10 +111,12 @@ impl Tool for Sleep {
                 let step = (seconds - slept).min(1.0);
                 tokio::time::sleep(Duration::from_secs_f64(step)).await;
                 slept += step;
+                // Tenths: 1.2 of 1.2 s, never "2 of 1.2 s".
+                let shown = (slept * 10.0).round() / 10.0;
                 ctx.progress(
                     slept,
                     Some(seconds),
-                    Some(format!("slept {slept:.0} of {seconds} s")),
+                    Some(format!("slept {shown} of {seconds} s")),
                 );
             }
             let text = arguments

@@ -956,3 +956,26 @@ impl DbReader {
         }
     }
 }
+
+/// `taskbroker token create --principal <principal> [extra]` on the
+/// server's database: the token (the last stdout line).
+pub fn create_token(server: &Server, principal: &str, extra: &[&str]) -> String {
+    let out = Command::new(env!("CARGO_BIN_EXE_taskbroker"))
+        .args(["token", "create", "--principal", principal])
+        .args(extra)
+        .arg("--db")
+        .arg(server.db_arg())
+        .env_remove("TASKBROKER_DB")
+        .env("RUST_LOG", "warn")
+        .output()
+        .expect("taskbroker token runs");
+    assert!(
+        out.status.success(),
+        "token create failed: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let text = String::from_utf8(out.stdout).unwrap();
+    let token = text.lines().last().expect("a line").trim().to_owned();
+    assert!(token.starts_with("tbk_"), "last stdout line: {text:?}");
+    token
+}
