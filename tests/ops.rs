@@ -358,7 +358,8 @@ async fn issue17_stats_queries_use_indexes(driver: Driver) {
             "running_by_tool",
             "open_by_status",
             "finished_since",
-            "failures_since"
+            "failures_since",
+            "finished_by_tool"
         ]
     );
     let index_of = BTreeMap::from([
@@ -367,6 +368,7 @@ async fn issue17_stats_queries_use_indexes(driver: Driver) {
         ("open_by_status", "tasks_open_status"),
         ("finished_since", "tasks_finished"),
         ("failures_since", "tasks_finished"),
+        ("finished_by_tool", "tasks_finished"),
     ]);
     for p in &plans {
         eprintln!("{} ({driver:?}):\n{}", p.name, p.plan);
