@@ -436,7 +436,7 @@ async fn console_json_agrees_with_the_workload(driver: Driver) {
 both_drivers!(console_json_agrees_with_the_workload);
 
 /// `/ui/api/events` streams every principal's status changes and progress
-/// as they are committed, by any process.
+/// as they are committed, by any process, in batches (`changes` events).
 async fn events_stream_the_change_feed(driver: Driver) {
     let server = Server::start_on(driver, &["--workers", "0"]);
     let _worker = WorkerProc::start(&server, 1, &[]);
@@ -469,17 +469,20 @@ async fn events_stream_the_change_feed(driver: Driver) {
             .await
             .expect("an event in time")
             .expect("the stream stays open");
-        let data: Value = serde_json::from_str(&e.data).unwrap();
-        if data["taskId"] != id.as_str() {
-            continue;
-        }
-        match e.event.as_deref() {
-            Some("status") => {
-                assert_eq!(data["owner"], "principal:alice");
-                seen.push(format!("status:{}", data["to"].as_str().unwrap()));
+        assert_eq!(e.event.as_deref(), Some("changes"), "{e:?}");
+        let batch: Value = serde_json::from_str(&e.data).unwrap();
+        assert_eq!(batch["dropped"], 0, "{batch}");
+        for change in batch["status"].as_array().unwrap() {
+            if change["taskId"] == id.as_str() {
+                assert_eq!(change["owner"], "principal:alice");
+                seen.push(format!("status:{}", change["to"].as_str().unwrap()));
             }
-            Some("progress") => seen.push("progress".into()),
-            other => panic!("unexpected event {other:?}"),
+        }
+        for report in batch["progress"].as_array().unwrap() {
+            if report["taskId"] == id.as_str() {
+                assert!(report["progress"].as_f64().unwrap() > 0.0, "{report}");
+                seen.push("progress".into());
+            }
         }
     }
     assert_eq!(seen.first().map(String::as_str), Some("status:working"));

@@ -1,17 +1,22 @@
 //! `GET /ui/api/events`: the change feed as server-sent events, for the
 //! console's live pages. One subscription to the process's feed (which
-//! reads the database once for every listener): status changes of every
-//! owner's tasks as `status`, progress reports as `progress`, and `lag`
-//! when this listener fell behind (the page then reads afresh). Each
-//! stream takes one place among the server's SSE streams.
+//! reads the database once for every listener), sent in batches: at most
+//! one `changes` event per [`WINDOW`], with the status changes of every
+//! owner's tasks (the newest [`CAP`]) and the latest progress of each task
+//! that reported (at most [`CAP`] tasks), and how many were left out
+//! (`dropped`; the page then reads afresh). A busy broker changes thousands
+//! of tasks a second: one write per change would cost it more than the
+//! pages need. Each stream takes one place among the server's SSE streams.
 
+use std::collections::VecDeque;
 use std::convert::Infallible;
+use std::time::Duration;
 
 use axum::extract::State;
 use axum::http::{HeaderMap, StatusCode, Uri};
 use axum::response::sse::{Event, KeepAlive, Sse};
 use axum::response::{IntoResponse, Response};
-use serde_json::json;
+use serde_json::{Value, json};
 use tokio::sync::broadcast::error::RecvError;
 
 use super::Console;
@@ -48,21 +53,22 @@ pub async fn stream(State(console): State<Console>, headers: HeaderMap, uri: Uri
     let mut feed = app.broker.feed().subscribe();
     let stopping = console.stopping.clone();
     let events = async_stream::stream! {
+        let mut batch = Batch::default();
+        let mut tick = tokio::time::interval(WINDOW);
+        tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
         loop {
-            let next = tokio::select! {
-                next = feed.recv() => next,
-                () = stopping.cancelled() => break,
-            };
-            match next {
-                Ok(event) => {
-                    if let Some(e) = to_event(&event) {
-                        yield Ok::<Event, Infallible>(e);
+            tokio::select! {
+                next = feed.recv() => match next {
+                    Ok(event) => batch.add(&event),
+                    Err(RecvError::Lagged(missed)) => batch.dropped += missed,
+                    Err(RecvError::Closed) => break,
+                },
+                _ = tick.tick() => {
+                    if let Some(data) = batch.take() {
+                        yield Ok::<Event, Infallible>(Event::default().event("changes").data(data));
                     }
                 }
-                Err(RecvError::Lagged(missed)) => {
-                    yield Ok(Event::default().event("lag").data(missed.to_string()));
-                }
-                Err(RecvError::Closed) => break,
+                () = stopping.cancelled() => break,
             }
         }
     };
@@ -72,34 +78,120 @@ pub async fn stream(State(console): State<Console>, headers: HeaderMap, uri: Uri
     hold_while_streaming(secure(response), slot)
 }
 
-/// The SSE event of one feed event; None for this process's own "written"
-/// hints (the matching status change follows).
-fn to_event(event: &FeedEvent) -> Option<Event> {
-    match event {
-        FeedEvent::Status(e) => Some(
-            Event::default().event("status").data(
-                json!({
+/// How often a stream sends what changed, at most.
+pub const WINDOW: Duration = Duration::from_millis(250);
+/// Status changes, and tasks with progress, per batch at most.
+pub const CAP: usize = 200;
+
+/// What changed since the last `changes` event.
+#[derive(Debug, Default)]
+struct Batch {
+    status: VecDeque<Value>,
+    /// The latest report of each task, in the order they first reported.
+    progress: Vec<(String, Value)>,
+    dropped: u64,
+}
+
+impl Batch {
+    fn add(&mut self, event: &FeedEvent) {
+        match event {
+            FeedEvent::Status(e) => {
+                if self.status.len() == CAP {
+                    self.status.pop_front();
+                    self.dropped += 1;
+                }
+                self.status.push_back(json!({
                     "taskId": e.task_id,
                     "from": e.from_status.map(TaskStatus::as_str),
                     "to": e.to_status.as_str(),
                     "message": e.message,
                     "at": e.at,
                     "owner": e.owner,
-                })
-                .to_string(),
-            ),
-        ),
-        FeedEvent::Progress(p) => Some(
-            Event::default().event("progress").data(
-                json!({
+                }));
+            }
+            FeedEvent::Progress(p) => {
+                let report = json!({
                     "taskId": p.task_id,
                     "progress": p.progress,
                     "total": p.total,
                     "message": p.message,
-                })
-                .to_string(),
-            ),
-        ),
-        FeedEvent::Written(_) => None,
+                });
+                if let Some(slot) = self.progress.iter_mut().find(|(id, _)| *id == p.task_id) {
+                    slot.1 = report;
+                } else if self.progress.len() < CAP {
+                    self.progress.push((p.task_id.clone(), report));
+                } else {
+                    self.dropped += 1;
+                }
+            }
+            // This process's own hint; the matching status change follows.
+            FeedEvent::Written(_) => {}
+        }
+    }
+
+    /// The event's data, and a fresh batch; None when nothing changed.
+    fn take(&mut self) -> Option<String> {
+        if self.status.is_empty() && self.progress.is_empty() && self.dropped == 0 {
+            return None;
+        }
+        let batch = std::mem::take(self);
+        let progress: Vec<Value> = batch.progress.into_iter().map(|(_, v)| v).collect();
+        Some(
+            json!({
+                "status": Vec::from(batch.status),
+                "progress": progress,
+                "dropped": batch.dropped,
+            })
+            .to_string(),
+        )
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::store::{ProgressEvent, TaskEvent};
+
+    fn status(n: usize) -> FeedEvent {
+        FeedEvent::Status(TaskEvent {
+            id: n as i64,
+            task_id: format!("t{n}"),
+            from_status: None,
+            to_status: TaskStatus::Working,
+            owner: "o".into(),
+            message: None,
+            at: 0,
+            created_at: 0,
+            ttl_ms: None,
+            poll_interval_ms: None,
+        })
+    }
+
+    #[test]
+    fn a_batch_keeps_the_newest_changes_and_counts_the_rest() {
+        let mut b = Batch::default();
+        assert_eq!(b.take(), None);
+        for n in 0..CAP + 5 {
+            b.add(&status(n));
+        }
+        for p in [1.0, 2.0] {
+            b.add(&FeedEvent::Progress(ProgressEvent {
+                id: 1,
+                task_id: "t1".into(),
+                progress: p,
+                total: None,
+                message: None,
+            }));
+        }
+        let data: Value = serde_json::from_str(&b.take().unwrap()).unwrap();
+        let status = data["status"].as_array().unwrap();
+        assert_eq!(status.len(), CAP);
+        assert_eq!(status[0]["taskId"], "t5");
+        assert_eq!(data["dropped"], 5);
+        assert_eq!(
+            data["progress"],
+            json!([{"taskId": "t1", "progress": 2.0, "total": null, "message": null}])
+        );
+        assert_eq!(b.take(), None, "taken");
     }
 }

@@ -44,7 +44,7 @@
   let metaReady = null;
   /** Server clock minus browser clock, ms (from overview.now). */
   let clockSkew = 0;
-  /** The page on screen: { onStatus?, onProgress?, refresh?, dispose? }. */
+  /** The page on screen: { onStatus?, onProgress?, onDropped?, refresh?, dispose? }. */
   let currentPage = null;
   /** Bumped at every navigation, so late answers for an old page are dropped. */
   let generation = 0;
@@ -343,8 +343,8 @@
       // (e.g. an HTTP error answer): retry ourselves, with backoff.
       if (source.readyState === EventSource.CLOSED) scheduleReconnect();
     });
-    source.addEventListener('status', (e) => dispatch('onStatus', e));
-    source.addEventListener('progress', (e) => dispatch('onProgress', e));
+    // The server sends what changed in batches (at most 4 a second).
+    source.addEventListener('changes', onChanges);
   }
 
   function scheduleReconnect() {
@@ -360,17 +360,29 @@
     reconnectDelay = Math.min(reconnectDelay * 2, 30000);
   }
 
-  function dispatch(handler, event) {
+  /**
+   * One batch: { status: [change...], progress: [report...], dropped: n }.
+   * Each change and report goes to the page on screen; when the server
+   * left some out (more than a batch holds), the page reads afresh.
+   */
+  function onChanges(event) {
     let data;
     try {
       data = JSON.parse(event.data);
     } catch (_) {
       return;
     }
+    if (!data) return;
+    const status = Array.isArray(data.status) ? data.status : [];
+    const progress = Array.isArray(data.progress) ? data.progress : [];
     // Counted on #live (data-events) so a test can tell events arrived.
-    eventsSeen += 1;
+    eventsSeen += status.length + progress.length;
     $('#live').dataset.events = String(eventsSeen);
-    if (data && currentPage && currentPage[handler]) currentPage[handler](data);
+    const page = currentPage;
+    if (!page) return;
+    if (page.onStatus) for (const change of status) page.onStatus(change);
+    if (page.onProgress) for (const report of progress) page.onProgress(report);
+    if (data.dropped > 0 && page.onDropped) page.onDropped();
   }
 
   // ==== Routing ====
@@ -962,6 +974,7 @@
     return {
       onStatus: mine,
       onProgress: mine,
+      onDropped: throttled,
       refresh: load,
       dispose() {
         clearInterval(poll);
