@@ -571,3 +571,30 @@ fn issue17_backup_on_postgresql_points_at_pg_dump() {
     );
     assert!(!to.exists());
 }
+
+/// Issue 17: a broker on a PostgreSQL server without autovacuum says so at
+/// start (dead rows of finished jobs would pile up); with it, it says
+/// nothing. Whichever this server is, the log must match it.
+#[tokio::test]
+async fn issue17_a_broker_names_a_server_without_autovacuum() {
+    if !common::pg::available() {
+        return;
+    }
+    let server = Server::start_on(Driver::Postgres, &[]);
+    let autovacuum = server
+        .pg()
+        .unwrap()
+        .psql("SHOW autovacuum")
+        .unwrap()
+        .trim()
+        .to_owned();
+    let warned = server
+        .log()
+        .contains("autovacuum is off on this PostgreSQL server");
+    assert_eq!(
+        warned,
+        autovacuum == "off",
+        "autovacuum {autovacuum}:\n{}",
+        server.log()
+    );
+}
