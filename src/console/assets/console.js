@@ -122,7 +122,7 @@
   function table(id, columns, tbody) {
     return h('div', { class: 'table-wrap' },
       h('table', { id },
-        h('thead', null, h('tr', null, columns.map(([label, cls]) => h('th', { class: cls }, label)))),
+        h('thead', null, h('tr', null, columns.map(([label, cls, title]) => h('th', { class: cls, title }, label)))),
         tbody));
   }
 
@@ -473,12 +473,14 @@
       cards,
       panel('By tool', { flush: true, extra: toolsCount },
         table('overview-tools', [
-          ['Tool'], ['Queued', 'num'], ['Oldest queued', 'num'], ['Running', 'num'],
+          ['Tool'], ['Queued', 'num'], ['Oldest queued', 'num', 'How long the oldest queued job has been runnable'],
+          ['Running', 'num', 'Jobs leased to a worker, tasks waiting for input included'],
           ['Finished / min', 'num'], ['Finished / h', 'num'], ['Failed / h', 'num'], ['Last failure'],
         ], toolsBody)),
       panel('Workers', { flush: true, extra: workersCount },
         table('overview-workers', [
-          ['Worker'], ['Kind'], ['State'], ['Host'], ['PID', 'num'], ['Running', 'num'],
+          ['Worker'], ['Kind'], ['State'], ['Host'], ['PID', 'num'],
+          ['Jobs / slots', 'num', 'Jobs leased to this pool (tasks waiting for input included: they hold no slot) / jobs it runs at once'],
           ['Heartbeat', 'num'], ['Started', 'num'],
         ], workersBody)),
     );
