@@ -38,6 +38,21 @@ WORKING = 200
 DAY = 24 * 3600 * 1000
 TTL = 7 * DAY
 
+# The same two statements on both drivers: jobs for the newest tasks, then
+# every other task finished (1 in 1,000 failed, 1 in 100 cancelled).
+QUEUE_SQL = (f"INSERT INTO jobs (task_seq, run_after, tool, changed_at)"
+             f" SELECT seq, created_at, tool, created_at FROM tasks WHERE seq > {n - WORKING}")
+FINISH_SQL = f"""UPDATE tasks SET status = CASE WHEN seq % 1000 = 7 THEN 'failed'
+                                   WHEN seq % 100 = 3 THEN 'cancelled'
+                                   ELSE 'completed' END,
+                     result = CASE WHEN seq % 100 = 3 AND seq % 1000 <> 7 THEN NULL
+                                   ELSE '{{"content":[]}}' END,
+                     result_kind = CASE WHEN seq % 100 = 3 AND seq % 1000 <> 7 THEN NULL
+                                        ELSE 'result' END,
+                     status_message = CASE WHEN seq % 1000 = 7 THEN 'Tool execution failed: bench' END,
+                     updated_at = updated_at + 50
+     WHERE seq <= {n - WORKING}"""
+
 subprocess.run([binary, "migrate", "--db", db], check=True, stdout=subprocess.DEVNULL,
                stderr=subprocess.DEVNULL)
 now = int(time.time() * 1000)
@@ -52,18 +67,8 @@ if pg_url:
            {now} - {DAY} + i * ({DAY} / {n}), {now} - {DAY} + i * ({DAY} / {n}),
            {TTL}, {now} - {DAY} + i * ({DAY} / {n}) + {TTL}, 1000
       FROM generate_series(1, {n}) AS i;
-    INSERT INTO jobs (task_seq, run_after, tool, changed_at)
-    SELECT seq, created_at, tool, created_at FROM tasks WHERE seq > {n - WORKING};
-    UPDATE tasks SET status = CASE WHEN seq % 1000 = 7 THEN 'failed'
-                                   WHEN seq % 100 = 3 THEN 'cancelled'
-                                   ELSE 'completed' END,
-                     result = CASE WHEN seq % 100 = 3 AND seq % 1000 <> 7 THEN NULL
-                                   ELSE '{{"content":[]}}' END,
-                     result_kind = CASE WHEN seq % 100 = 3 AND seq % 1000 <> 7 THEN NULL
-                                        ELSE 'result' END,
-                     status_message = CASE WHEN seq % 1000 = 7 THEN 'Tool execution failed: bench' END,
-                     updated_at = updated_at + 50
-     WHERE seq <= {n - WORKING};
+    {QUEUE_SQL};
+    {FINISH_SQL};
     VACUUM ANALYZE;
     """
     subprocess.run(["psql", pg_url, "-q", "-v", "ON_ERROR_STOP=1", "-f", "-"], input=fill, text=True,
@@ -78,18 +83,8 @@ else:
                  now - DAY + i * step + TTL, 1000) for i in range(1, n + 1))
         c.executemany("INSERT INTO tasks (task_id, owner, tool, arguments, created_at, updated_at, ttl_ms,"
                       " expires_at, poll_interval_ms) VALUES (?,?,?,?,?,?,?,?,?)", rows)
-        c.execute(f"INSERT INTO jobs (task_seq, run_after, tool, changed_at)"
-                  f" SELECT seq, created_at, tool, created_at FROM tasks WHERE seq > {n - WORKING}")
-        c.execute(f"""UPDATE tasks SET status = CASE WHEN seq % 1000 = 7 THEN 'failed'
-                                                    WHEN seq % 100 = 3 THEN 'cancelled'
-                                                    ELSE 'completed' END,
-                          result = CASE WHEN seq % 100 = 3 AND seq % 1000 <> 7 THEN NULL
-                                        ELSE '{{"content":[]}}' END,
-                          result_kind = CASE WHEN seq % 100 = 3 AND seq % 1000 <> 7 THEN NULL
-                                             ELSE 'result' END,
-                          status_message = CASE WHEN seq % 1000 = 7 THEN 'Tool execution failed: bench' END,
-                          updated_at = updated_at + 50
-                      WHERE seq <= {n - WORKING}""")
+        c.execute(QUEUE_SQL)
+        c.execute(FINISH_SQL)
     c.execute("ANALYZE")
     c.close()
 fill_s = time.monotonic() - t0

@@ -6,7 +6,7 @@
 use async_trait::async_trait;
 use sqlx::Row;
 use taskbroker_storage::ops::*;
-use taskbroker_storage::text::{self, TaskText};
+use taskbroker_storage::text;
 use taskbroker_storage::*;
 
 use crate::PostgresStore;
@@ -209,21 +209,10 @@ impl OpsStore for PostgresStore {
         sqlx::query!("SET TRANSACTION ISOLATION LEVEL REPEATABLE READ, READ ONLY")
             .execute(&mut *tx)
             .await?;
-        let task = sqlx::query_as!(
-            TaskText,
-            r#"SELECT seq AS "seq!", task_id AS "task_id!", owner AS "owner!", tool AS "tool!",
-                      arguments AS "arguments!", status AS "status!", status_message,
-                      created_at AS "created_at!", updated_at AS "updated_at!", ttl_ms, expires_at,
-                      poll_interval_ms, progress_token, result, result_kind
-                 FROM tasks_as_served WHERE task_id = $1"#,
-            task_id
-        )
-        .fetch_optional(&mut *tx)
-        .await?;
+        let task = crate::tasks::task_by_id(&mut tx, task_id).await?;
         let Some(task) = task else {
             return Ok(None);
         };
-        let task = TaskRow::try_from(task)?;
         let job = sqlx::query_as!(
             JobInfo,
             r#"SELECT state, attempt, max_attempts, priority, run_after, lease_owner,

@@ -28,18 +28,8 @@ impl TaskStore for PostgresStore {
 
     /// One task by id, whoever owns it (the caller checks ownership).
     async fn task_get(&self, task_id: &str) -> Result<Option<TaskRow>, StoreError> {
-        let row = sqlx::query_as!(
-            TaskText,
-            r#"SELECT seq AS "seq!", task_id AS "task_id!", owner AS "owner!", tool AS "tool!",
-                      arguments AS "arguments!", status AS "status!", status_message,
-                      created_at AS "created_at!", updated_at AS "updated_at!", ttl_ms, expires_at,
-                      poll_interval_ms, progress_token, result, result_kind
-                 FROM tasks_as_served WHERE task_id = $1"#,
-            task_id
-        )
-        .fetch_optional(&self.pool)
-        .await?;
-        row.map(TaskRow::try_from).transpose()
+        let mut conn = self.pool.acquire().await?;
+        task_by_id(&mut conn, task_id).await
     }
 
     /// A page of `owner`'s unexpired tasks, newest first, strictly older than
@@ -423,4 +413,24 @@ pub(super) async fn task_by_seq(conn: &mut PgConnection, seq: i64) -> Result<Tas
     .fetch_one(conn)
     .await?;
     row.try_into()
+}
+
+/// One task by id as served, on `conn` (a pooled connection, or a
+/// transaction that reads more beside it).
+pub(crate) async fn task_by_id(
+    conn: &mut PgConnection,
+    task_id: &str,
+) -> Result<Option<TaskRow>, StoreError> {
+    let row = sqlx::query_as!(
+        TaskText,
+        r#"SELECT seq AS "seq!", task_id AS "task_id!", owner AS "owner!", tool AS "tool!",
+                      arguments AS "arguments!", status AS "status!", status_message,
+                      created_at AS "created_at!", updated_at AS "updated_at!", ttl_ms, expires_at,
+                      poll_interval_ms, progress_token, result, result_kind
+                 FROM tasks_as_served WHERE task_id = $1"#,
+        task_id
+    )
+    .fetch_optional(&mut *conn)
+    .await?;
+    row.map(TaskRow::try_from).transpose()
 }

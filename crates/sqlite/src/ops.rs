@@ -7,7 +7,7 @@ use std::path::Path;
 use async_trait::async_trait;
 use sqlx::Row;
 use taskbroker_storage::ops::*;
-use taskbroker_storage::text::{self, TaskText};
+use taskbroker_storage::text;
 use taskbroker_storage::*;
 
 use crate::SqliteStore;
@@ -201,20 +201,10 @@ impl OpsStore for SqliteStore {
     /// each part an index search by the task's row key.
     async fn ops_task_history(&self, task_id: &str) -> Result<Option<TaskHistory>, StoreError> {
         let mut tx = self.read.begin().await?;
-        let task = sqlx::query_as!(
-            TaskText,
-            r#"SELECT seq AS "seq!", task_id, owner, tool, arguments, status, status_message,
-                      created_at, updated_at, ttl_ms, expires_at, poll_interval_ms,
-                      progress_token, result, result_kind
-                 FROM tasks_as_served WHERE task_id = ?"#,
-            task_id
-        )
-        .fetch_optional(&mut *tx)
-        .await?;
+        let task = crate::tasks::task_by_id(&mut tx, task_id).await?;
         let Some(task) = task else {
             return Ok(None);
         };
-        let task = TaskRow::try_from(task)?;
         let job = sqlx::query_as!(
             JobInfo,
             r#"SELECT state, attempt, max_attempts, priority, run_after, lease_owner,

@@ -1,6 +1,7 @@
 //! SQL for `tasks` and `task_events`.
 
 use async_trait::async_trait;
+use sqlx::SqliteConnection;
 use taskbroker_storage::text::{self, TaskEventText, TaskText};
 use taskbroker_storage::*;
 
@@ -27,17 +28,8 @@ impl TaskStore for SqliteStore {
 
     /// One task by id, whoever owns it (the caller checks ownership).
     async fn task_get(&self, task_id: &str) -> Result<Option<TaskRow>, StoreError> {
-        let row = sqlx::query_as!(
-            TaskText,
-            r#"SELECT seq AS "seq!", task_id, owner, tool, arguments, status, status_message,
-                      created_at, updated_at, ttl_ms, expires_at, poll_interval_ms,
-                      progress_token, result, result_kind
-                 FROM tasks_as_served WHERE task_id = ?"#,
-            task_id
-        )
-        .fetch_optional(&self.read)
-        .await?;
-        row.map(TaskRow::try_from).transpose()
+        let mut conn = self.read.acquire().await?;
+        task_by_id(&mut conn, task_id).await
     }
 
     /// A page of `owner`'s unexpired tasks, newest first, strictly older than
@@ -407,4 +399,23 @@ pub(super) async fn task_by_seq(
     .fetch_one(conn)
     .await?;
     row.try_into()
+}
+
+/// One task by id as served, on `conn` (a pooled connection, or a
+/// transaction that reads more beside it).
+pub(crate) async fn task_by_id(
+    conn: &mut SqliteConnection,
+    task_id: &str,
+) -> Result<Option<TaskRow>, StoreError> {
+    let row = sqlx::query_as!(
+        TaskText,
+        r#"SELECT seq AS "seq!", task_id, owner, tool, arguments, status, status_message,
+                      created_at, updated_at, ttl_ms, expires_at, poll_interval_ms,
+                      progress_token, result, result_kind
+                 FROM tasks_as_served WHERE task_id = ?"#,
+        task_id
+    )
+    .fetch_optional(&mut *conn)
+    .await?;
+    row.map(TaskRow::try_from).transpose()
 }
