@@ -364,3 +364,50 @@ async fn scrape_queries_use_indexes(driver: Driver) {
     }
 }
 both_drivers!(scrape_queries_use_indexes);
+
+/// Issue 17: a task the rescuer fails (its worker was killed with no
+/// attempts left) counts in `tasks_finished{status="failed"}` under its
+/// tool, as well as in `lease_expiries{outcome="failed"}`.
+async fn issue17_rescued_failures_count_as_finished(driver: Driver) {
+    let config = r#"
+[[tool]]
+name = "stuck"
+description = "Sleeps a minute; one attempt only."
+command = ["sleep", "60"]
+task_support = "required"
+max_attempts = 1
+"#;
+    let server = Server::start_with_config_on(driver, config, &["--workers", "0", "--lease", "1"]);
+    let mut worker = WorkerProc::start(
+        &server,
+        1,
+        &["--config", &server.config_path(), "--lease", "1"],
+    );
+    let mut client = server.client().await;
+    let id = client.call_task("stuck", json!({})).await["taskId"]
+        .as_str()
+        .unwrap()
+        .to_owned();
+    let deadline = Instant::now() + Duration::from_secs(20);
+    loop {
+        let task = client.ok("tasks/get", json!({ "taskId": id })).await;
+        if task["statusMessage"] != "queued" {
+            break;
+        }
+        assert!(Instant::now() < deadline, "never claimed: {task}");
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    worker.kill9();
+    let task = client.wait_terminal(&id, Duration::from_secs(30)).await;
+    assert_eq!(task["status"], "failed", "{task}");
+    let m = Metrics::scrape(&base(&server)).await;
+    assert_eq!(
+        m.get("taskbroker_tasks_finished_total", &[("tool", "stuck"), ("status", "failed")]),
+        1.0
+    );
+    assert_eq!(
+        m.get("taskbroker_lease_expiries_total", &[("outcome", "failed")]),
+        1.0
+    );
+}
+both_drivers!(issue17_rescued_failures_count_as_finished);

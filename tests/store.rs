@@ -2176,7 +2176,7 @@ async fn job_rescue_expired_requeues_with_backoff_while_attempts_remain(db: Test
         report,
         RescueReport {
             requeued: 1,
-            failed: 0,
+            failed: vec![],
             closed: 0
         }
     );
@@ -2266,7 +2266,7 @@ async fn job_rescue_expired_fails_task_when_attempts_are_exhausted(db: TestDb) {
         report,
         RescueReport {
             requeued: 0,
-            failed: 1,
+            failed: vec!["echo".to_owned()],
             closed: 0
         }
     );
@@ -2351,7 +2351,7 @@ async fn job_rescue_expired_closes_jobs_of_cancelled_tasks_t22(db: TestDb) {
         report,
         RescueReport {
             requeued: 0,
-            failed: 0,
+            failed: vec![],
             closed: 1
         }
     );
@@ -2426,7 +2426,7 @@ async fn job_rescue_expired_mixed_batch_counts_each_kind(db: TestDb) {
         report,
         RescueReport {
             requeued: 1,
-            failed: 1,
+            failed: vec!["echo".to_owned()],
             closed: 2
         }
     );

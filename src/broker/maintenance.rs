@@ -8,6 +8,7 @@ use tokio_util::sync::CancellationToken;
 
 use super::Broker;
 use crate::clock::now_ms;
+use crate::store::RescueReport;
 
 /// Timing of the maintenance services.
 #[derive(Debug, Clone, Copy)]
@@ -56,9 +57,13 @@ pub async fn run(broker: Broker, config: MaintenanceConfig, shutdown: Cancellati
                 }
             }
             _ = rescue.tick() => match broker.store().job_rescue_expired(backoff_ms, now_ms()).await {
-                Ok(report) if report != Default::default() => {
-                    crate::metrics::get().leases_expired(report.requeued, report.failed, report.closed);
-                    tracing::warn!(requeued = report.requeued, failed = report.failed,
+                Ok(report) if report != RescueReport::default() => {
+                    let metrics = crate::metrics::get();
+                    metrics.leases_expired(report.requeued, report.failed.len() as u64, report.closed);
+                    for tool in &report.failed {
+                        metrics.task_finished(tool, "failed");
+                    }
+                    tracing::warn!(requeued = report.requeued, failed = report.failed.len(),
                                    closed = report.closed, "lease recovery: expired leases taken back");
                     broker.feed().kick();
                     if report.requeued > 0 {

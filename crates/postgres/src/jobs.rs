@@ -198,7 +198,7 @@ impl JobStore for PostgresStore {
             return Ok(RescueReport::default());
         }
         // The error object reads as SQLite's json_object() gives it.
-        let failed = sqlx::query!(
+        let failed = sqlx::query_scalar!(
             r#"UPDATE tasks
                   SET status = 'failed',
                       status_message = 'worker lost ' || j.attempt || ' time(s): lease expired with no attempts left',
@@ -211,13 +211,13 @@ impl JobStore for PostgresStore {
                 WHERE j.task_seq = tasks.seq AND j.task_seq = ANY($2)
                   AND j.state = 'running' AND j.lease_expires_at <= $1
                   AND j.attempt >= j.max_attempts AND j.cancel_requested = 0
-                  AND tasks.status IN ('working', 'input_required')"#,
+                  AND tasks.status IN ('working', 'input_required')
+            RETURNING tasks.tool"#,
             now,
             &expired
         )
-        .execute(&mut *tx)
-        .await?
-        .rows_affected();
+        .fetch_all(&mut *tx)
+        .await?;
         let closed = sqlx::query!(
             "UPDATE jobs SET state = 'done', lease_token = NULL, lease_expires_at = NULL,
                     finished_at = $1, changed_at = $1,
@@ -246,8 +246,8 @@ impl JobStore for PostgresStore {
         tx.commit().await?;
         Ok(RescueReport {
             requeued,
+            closed: closed.saturating_sub(failed.len() as u64),
             failed,
-            closed: closed.saturating_sub(failed),
         })
     }
 }

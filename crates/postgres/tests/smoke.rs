@@ -556,7 +556,7 @@ async fn rescue_requeues_then_fails() {
         report,
         RescueReport {
             requeued: 1,
-            failed: 0,
+            failed: vec![],
             closed: 0
         }
     );
@@ -593,7 +593,7 @@ async fn rescue_requeues_then_fails() {
         report,
         RescueReport {
             requeued: 0,
-            failed: 1,
+            failed: vec!["echo".to_owned()],
             closed: 0
         }
     );

@@ -168,7 +168,7 @@ impl JobStore for SqliteStore {
         now: i64,
     ) -> Result<RescueReport, StoreError> {
         let mut tx = self.write.begin_with(BEGIN_IMMEDIATE).await?;
-        let failed = sqlx::query!(
+        let failed = sqlx::query_scalar!(
             r#"UPDATE tasks
                   SET status = 'failed',
                       status_message = 'worker lost ' || j.attempt || ' time(s): lease expired with no attempts left',
@@ -179,13 +179,13 @@ impl JobStore for SqliteStore {
                  FROM jobs j
                 WHERE j.task_seq = tasks.seq AND j.state = 'running' AND j.lease_expires_at <= ?
                   AND j.attempt >= j.max_attempts AND j.cancel_requested = 0
-                  AND tasks.status IN ('working', 'input_required')"#,
+                  AND tasks.status IN ('working', 'input_required')
+            RETURNING tasks.tool"#,
             now,
             now
         )
-        .execute(&mut *tx)
-        .await?
-        .rows_affected();
+        .fetch_all(&mut *tx)
+        .await?;
         let closed = sqlx::query!(
             "UPDATE jobs SET state = 'done', lease_token = NULL, lease_expires_at = NULL,
                     finished_at = ?1, changed_at = ?1,
@@ -212,8 +212,8 @@ impl JobStore for SqliteStore {
         tx.commit().await?;
         Ok(RescueReport {
             requeued,
+            closed: closed.saturating_sub(failed.len() as u64),
             failed,
-            closed: closed.saturating_sub(failed),
         })
     }
 }

@@ -256,12 +256,12 @@ pub struct HeartbeatOutcome {
 }
 
 /// What one rescue pass did.
-#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub struct RescueReport {
     /// Jobs queued again for another attempt.
     pub requeued: u64,
-    /// Tasks failed because no attempts remained.
-    pub failed: u64,
+    /// Tasks failed because no attempts remained: the tool of each.
+    pub failed: Vec<String>,
     /// Jobs of cancelled tasks whose worker vanished, closed.
     pub closed: u64,
 }
