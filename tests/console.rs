@@ -228,6 +228,22 @@ async fn without_tokens_only_on_loopback(driver: Driver) {
         .unwrap();
     assert_eq!(r.status(), StatusCode::FORBIDDEN);
 
+    // A reverse proxy on this machine would make anyone a local user.
+    for (name, value) in [
+        ("x-forwarded-for", "203.0.113.9"),
+        ("forwarded", "for=203.0.113.9"),
+        ("x-real-ip", "203.0.113.9"),
+    ] {
+        let r = http()
+            .get(format!("{}/ui/api/overview", base(&local)))
+            .header(name, value)
+            .send()
+            .await
+            .unwrap();
+        assert_eq!(r.status(), StatusCode::FORBIDDEN, "{name}");
+        assert!(r.text().await.unwrap().contains("came through a proxy"));
+    }
+
     let open = Server::start_on(driver, &["--listen", "0.0.0.0:0"]);
     for path in ["/ui", "/ui/api/overview", "/ui/api/events"] {
         let (status, body) = get(&open, path, None).await;
@@ -240,6 +256,56 @@ async fn without_tokens_only_on_loopback(driver: Driver) {
     }
 }
 both_drivers!(without_tokens_only_on_loopback);
+
+/// On a broker reached by another name than loopback (here `0.0.0.0`),
+/// the login form and cancels of the console's own pages pass the Origin
+/// check (their Origin names the Host they went to); another site's page
+/// cannot log in, log out or cancel.
+async fn the_consoles_own_site_may_post_others_may_not(driver: Driver) {
+    let server = Server::start_on(driver, &["--listen", "0.0.0.0:0"]);
+    let ops = create_token(&server, "ops", &["--operator"]);
+    let host = base(&server).trim_start_matches("http://").to_owned();
+    let post = |path: &str, origin: &str| {
+        http()
+            .post(format!("{}{path}", base(&server)))
+            .header(ORIGIN, origin.to_owned())
+            .form(&[("token", ops.as_str())])
+            .send()
+    };
+    let r = post("/ui/login", &format!("http://{host}")).await.unwrap();
+    assert_eq!(r.status(), StatusCode::SEE_OTHER, "own site logs in");
+    for path in ["/ui/login", "/ui/logout"] {
+        let r = post(path, "https://evil.example").await.unwrap();
+        assert_eq!(r.status(), StatusCode::FORBIDDEN, "{path}");
+    }
+    let r = post("/ui/logout", &format!("http://{host}")).await.unwrap();
+    assert_eq!(r.status(), StatusCode::SEE_OTHER, "own site logs out");
+    let r = http()
+        .post(format!("{}/ui/api/tasks/x/cancel", base(&server)))
+        .header(AUTHORIZATION, format!("Bearer {ops}"))
+        .header(ORIGIN, "https://evil.example")
+        .header(CONTENT_TYPE, "application/json")
+        .body("{}")
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(r.status(), StatusCode::FORBIDDEN);
+    let r = http()
+        .post(format!("{}/ui/api/tasks/x/cancel", base(&server)))
+        .header(AUTHORIZATION, format!("Bearer {ops}"))
+        .header(ORIGIN, format!("http://{host}"))
+        .header(CONTENT_TYPE, "Application/JSON")
+        .body("{}")
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(
+        r.status(),
+        StatusCode::NOT_FOUND,
+        "own site reaches the cancel"
+    );
+}
+both_drivers!(the_consoles_own_site_may_post_others_may_not);
 
 /// After a known workload by two principals (one task of each outcome, a
 /// worker process beside the embedded pool), the console's JSON agrees with

@@ -402,7 +402,10 @@ max_attempts = 1
     assert_eq!(task["status"], "failed", "{task}");
     let m = Metrics::scrape(&base(&server)).await;
     assert_eq!(
-        m.get("taskbroker_tasks_finished_total", &[("tool", "stuck"), ("status", "failed")]),
+        m.get(
+            "taskbroker_tasks_finished_total",
+            &[("tool", "stuck"), ("status", "failed")]
+        ),
         1.0
     );
     assert_eq!(

@@ -42,11 +42,49 @@ impl Denied {
 /// How to make a token that opens the console.
 pub const CREATE_HINT: &str = "create one with: taskbroker token create --principal ops --operator";
 
+/// Headers a reverse proxy adds: a request that carries one did not come
+/// from this machine's own browser, whatever address it reached us on.
+const PROXY_HEADERS: [&str; 4] = [
+    "forwarded",
+    "x-forwarded-for",
+    "x-forwarded-host",
+    "x-real-ip",
+];
+
+/// `Origin` and `Host` as on `/mcp`, except that a page of the console's
+/// own site (an `Origin` naming the `Host` it was sent to) may post: its
+/// browser sends `Origin` on the login form and on cancels, whatever name
+/// the broker is reached by. A DNS-rebound page passes this too, but the
+/// operator's cookie is not sent to its name, and without tokens the Host
+/// check keeps a loopback broker to loopback names.
+pub fn check_site(console: &Console, headers: &HeaderMap) -> Result<(), Denied> {
+    let app = &console.app;
+    let text = |name| headers.get(name).and_then(|v| v.to_str().ok());
+    let own_site = match (text(header::ORIGIN), text(header::HOST)) {
+        (Some(origin), Some(host)) => origin
+            .split_once("://")
+            .is_some_and(|(_, authority)| authority.eq_ignore_ascii_case(host)),
+        _ => false,
+    };
+    let checked;
+    let headers = if own_site {
+        checked = {
+            let mut h = headers.clone();
+            h.remove(header::ORIGIN);
+            h
+        };
+        &checked
+    } else {
+        headers
+    };
+    origin::check(headers, app.local_addr, &app.config.allowed_origins)
+        .map_err(|refused| Denied::new(StatusCode::FORBIDDEN, refused.message()))
+}
+
 /// Check a request to the console.
 pub async fn check(console: &Console, headers: &HeaderMap, uri: &Uri) -> Result<Operator, Denied> {
     let app = &console.app;
-    origin::check(headers, app.local_addr, &app.config.allowed_origins)
-        .map_err(|refused| Denied::new(StatusCode::FORBIDDEN, refused.message()))?;
+    check_site(console, headers)?;
     auth::check_query(uri).map_err(|e| Denied::new(StatusCode::BAD_REQUEST, e.to_string()))?;
     let tokens = app.broker.tokens();
     let exist = app
@@ -55,6 +93,14 @@ pub async fn check(console: &Console, headers: &HeaderMap, uri: &Uri) -> Result<
         .await
         .map_err(|e| failed(&e))?;
     if !exist {
+        if PROXY_HEADERS.iter().any(|h| headers.contains_key(*h)) {
+            return Err(Denied::new(
+                StatusCode::FORBIDDEN,
+                format!(
+                    "Forbidden: this request came through a proxy; without tokens the console is only for the broker's own machine; {CREATE_HINT}"
+                ),
+            ));
+        }
         return if app.local_addr.ip().is_loopback() {
             Ok(Operator { principal: None })
         } else {
@@ -105,14 +151,15 @@ fn failed(e: &dyn std::fmt::Display) -> Denied {
     )
 }
 
-/// The token sent: `Authorization: Bearer`, else the console's cookie.
+/// The token sent: `Authorization: Bearer`, else the console's cookie
+/// (another scheme, such as a proxy's Basic, is not ours).
 fn presented(headers: &HeaderMap) -> Option<String> {
-    if let Some(value) = headers.get(header::AUTHORIZATION) {
-        let value = value.to_str().ok()?;
-        return value
-            .strip_prefix("Bearer ")
-            .or_else(|| value.strip_prefix("bearer "))
-            .map(str::to_owned);
+    if let Some(token) = headers
+        .get(header::AUTHORIZATION)
+        .and_then(|v| v.to_str().ok())
+        .and_then(auth::bearer)
+    {
+        return Some(token.to_owned());
     }
     headers
         .get_all(header::COOKIE)
@@ -124,9 +171,19 @@ fn presented(headers: &HeaderMap) -> Option<String> {
         .map(|(_, value)| value.to_owned())
 }
 
-/// `Set-Cookie` that keeps `token` for the console's pages.
-pub fn set_cookie(token: &str) -> String {
-    format!("{COOKIE}={token}; Path=/ui; HttpOnly; SameSite=Strict")
+/// `Set-Cookie` that keeps `token` for the console's pages; `Secure` when
+/// the browser reached us over https (through a proxy that says so).
+pub fn set_cookie(token: &str, headers: &HeaderMap) -> String {
+    let https = headers
+        .get("x-forwarded-proto")
+        .and_then(|v| v.to_str().ok())
+        .is_some_and(|p| p.trim().eq_ignore_ascii_case("https"))
+        || headers
+            .get("forwarded")
+            .and_then(|v| v.to_str().ok())
+            .is_some_and(|f| f.to_ascii_lowercase().contains("proto=https"));
+    let secure = if https { "; Secure" } else { "" };
+    format!("{COOKIE}={token}; Path=/ui; HttpOnly; SameSite=Strict{secure}")
 }
 
 /// `Set-Cookie` that forgets it.
@@ -150,8 +207,25 @@ mod tests {
         assert_eq!(presented(&h).as_deref(), Some("tbk_x_y"));
         h.insert(
             header::AUTHORIZATION,
+            HeaderValue::from_static("Basic dXNlcjpwdw=="),
+        );
+        assert_eq!(
+            presented(&h).as_deref(),
+            Some("tbk_x_y"),
+            "a proxy's Basic is not ours"
+        );
+        h.insert(
+            header::AUTHORIZATION,
             HeaderValue::from_static("Bearer tbk_h_s"),
         );
         assert_eq!(presented(&h).as_deref(), Some("tbk_h_s"));
+    }
+
+    #[test]
+    fn the_cookie_is_secure_behind_https() {
+        let mut h = HeaderMap::new();
+        assert!(!set_cookie("t", &h).contains("Secure"));
+        h.insert("x-forwarded-proto", HeaderValue::from_static("https"));
+        assert!(set_cookie("t", &h).ends_with("; Secure"));
     }
 }

@@ -5,6 +5,7 @@
 
 use std::collections::BTreeMap;
 
+use axum::extract::rejection::PathRejection;
 use axum::extract::{Path, Query, State};
 use axum::http::{HeaderMap, StatusCode, Uri, header};
 use axum::response::{IntoResponse, Response};
@@ -31,7 +32,8 @@ fn reply(status: StatusCode, body: Value) -> Response {
     secure((status, axum::Json(body)).into_response())
 }
 
-fn error(status: StatusCode, message: &str) -> Response {
+/// A JSON error with the console's headers.
+pub(super) fn error(status: StatusCode, message: &str) -> Response {
     reply(status, json!({ "error": message }))
 }
 
@@ -307,6 +309,14 @@ pub async fn tasks(
     )
 }
 
+/// A task id the path cannot carry (say, bad %-encoding).
+fn bad_path(e: &PathRejection) -> Response {
+    error(
+        StatusCode::BAD_REQUEST,
+        &format!("Bad Request: the task id in the path: {}", e.body_text()),
+    )
+}
+
 /// Stored JSON text as JSON (kept as a string if it is not, which the
 /// schema's checks rule out).
 fn json_text(text: &str) -> Value {
@@ -316,13 +326,17 @@ fn json_text(text: &str) -> Value {
 /// `GET /ui/api/tasks/{taskId}`: the task and all its history.
 pub async fn task(
     State(console): State<Console>,
-    Path(task_id): Path<String>,
+    task_id: Result<Path<String>, PathRejection>,
     headers: HeaderMap,
     uri: Uri,
 ) -> Response {
     if let Err(r) = admit(&console, &headers, &uri).await {
         return r;
     }
+    let task_id = match task_id {
+        Ok(Path(id)) => id,
+        Err(e) => return bad_path(&e),
+    };
     match console.store.ops_task_history(&task_id).await {
         Ok(Some(history)) => reply(StatusCode::OK, history_json(&history)),
         Ok(None) => error(StatusCode::NOT_FOUND, "Not Found: no task with this id"),
@@ -435,7 +449,7 @@ fn history_json(h: &TaskHistory) -> Value {
 /// grants.
 pub async fn cancel(
     State(console): State<Console>,
-    Path(task_id): Path<String>,
+    task_id: Result<Path<String>, PathRejection>,
     headers: HeaderMap,
     uri: Uri,
 ) -> Response {
@@ -443,10 +457,18 @@ pub async fn cancel(
         Ok(o) => o,
         Err(r) => return r,
     };
+    let task_id = match task_id {
+        Ok(Path(id)) => id,
+        Err(e) => return bad_path(&e),
+    };
     let json = headers
         .get(header::CONTENT_TYPE)
         .and_then(|v| v.to_str().ok())
-        .is_some_and(|v| v.trim_start().starts_with("application/json"));
+        .is_some_and(|v| {
+            v.trim_start()
+                .to_ascii_lowercase()
+                .starts_with("application/json")
+        });
     if !json {
         return error(
             StatusCode::UNSUPPORTED_MEDIA_TYPE,

@@ -21,6 +21,7 @@ use tokio::sync::broadcast::error::RecvError;
 
 use super::Console;
 use super::access;
+use super::api::error;
 use super::pages::secure;
 use crate::broker::FeedEvent;
 use crate::server::hold_while_streaming;
@@ -29,25 +30,16 @@ use crate::store::TaskStatus;
 /// The stream, for operators.
 pub async fn stream(State(console): State<Console>, headers: HeaderMap, uri: Uri) -> Response {
     if let Err(denied) = access::check(&console, &headers, &uri).await {
-        return secure(
-            (
-                denied.status,
-                axum::Json(json!({ "error": denied.message })),
-            )
-                .into_response(),
-        );
+        return error(denied.status, &denied.message);
     }
     let app = &console.app;
     let Some(slot) = app.open_streams.acquire() else {
-        return secure(
-            (
-                StatusCode::SERVICE_UNAVAILABLE,
-                axum::Json(json!({ "error": format!(
-                    "Service Unavailable: {} SSE streams are open, the maximum (--max-sse-streams)",
-                    app.open_streams.max()
-                )})),
-            )
-                .into_response(),
+        return error(
+            StatusCode::SERVICE_UNAVAILABLE,
+            &format!(
+                "Service Unavailable: {} SSE streams are open, the maximum (--max-sse-streams)",
+                app.open_streams.max()
+            ),
         );
     };
     let mut feed = app.broker.feed().subscribe();

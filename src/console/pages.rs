@@ -12,7 +12,6 @@ use serde::Deserialize;
 
 use super::Console;
 use super::access::{self, Denied};
-use crate::server::origin;
 
 const INDEX: &str = include_str!("assets/index.html");
 const LOGIN: &str = include_str!("assets/login.html");
@@ -97,9 +96,8 @@ pub async fn login(
     headers: HeaderMap,
     form: Result<Form<LoginForm>, FormRejection>,
 ) -> Response {
-    let app = &console.app;
-    if let Err(refused) = origin::check(&headers, app.local_addr, &app.config.allowed_origins) {
-        return login_with(StatusCode::FORBIDDEN, refused.message());
+    if let Err(denied) = access::check_site(&console, &headers) {
+        return denied_page(denied);
     }
     let Ok(Form(form)) = form else {
         return login_with(
@@ -111,7 +109,9 @@ pub async fn login(
         Ok(operator) => {
             tracing::info!(principal = ?operator.principal, "console: operator logged in");
             let mut response = see_other("/ui");
-            if let Ok(cookie) = HeaderValue::from_str(&access::set_cookie(form.token.trim())) {
+            if let Ok(cookie) =
+                HeaderValue::from_str(&access::set_cookie(form.token.trim(), &headers))
+            {
                 response.headers_mut().insert(header::SET_COOKIE, cookie);
             }
             response
@@ -123,8 +123,11 @@ pub async fn login(
     }
 }
 
-/// `POST /ui/logout`: forget the cookie.
-pub async fn logout() -> Response {
+/// `POST /ui/logout`: forget the cookie (from the console's own pages).
+pub async fn logout(State(console): State<Console>, headers: HeaderMap) -> Response {
+    if let Err(denied) = access::check_site(&console, &headers) {
+        return denied_page(denied);
+    }
     let mut response = see_other("/ui/login");
     if let Ok(cookie) = HeaderValue::from_str(&access::clear_cookie()) {
         response.headers_mut().insert(header::SET_COOKIE, cookie);

@@ -129,12 +129,16 @@ pub async fn authenticate(
             Ok(None)
         };
     };
-    let token = value
+    let token = bearer(value).ok_or(AuthError::Invalid)?;
+    Ok(Some(Principal(verify(store, token).await?.principal)))
+}
+
+/// The token of an `Authorization: Bearer <token>` value.
+pub fn bearer(value: &str) -> Option<&str> {
+    value
         .strip_prefix("Bearer ")
         .or_else(|| value.strip_prefix("bearer "))
-        .ok_or(AuthError::Invalid)?
-        .trim();
-    Ok(Some(Principal(verify(store, token).await?.principal)))
+        .map(str::trim)
 }
 
 /// A token that checked out.

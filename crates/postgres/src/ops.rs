@@ -200,8 +200,6 @@ impl OpsStore for PostgresStore {
         text::rows(rows)
     }
 
-    /// With sequential scans off, as the planner would choose on tables of
-    /// a million rows (a small table is cheaper to read whole).
     /// One repeatable-read transaction: one snapshot of the task and its
     /// history, each part an index search by the task's row key.
     async fn ops_task_history(&self, task_id: &str) -> Result<Option<TaskHistory>, StoreError> {
@@ -223,19 +221,19 @@ impl OpsStore for PostgresStore {
         )
         .fetch_optional(&mut *tx)
         .await?;
-        let events = sqlx::query_as!(
+        let mut events = sqlx::query_as!(
             StatusChangeText,
             r#"SELECT id, from_status, to_status, message, at
-                 FROM task_events WHERE task_seq = $1 ORDER BY id LIMIT $2"#,
+                 FROM task_events WHERE task_seq = $1 ORDER BY id DESC LIMIT $2"#,
             task.seq,
             HISTORY_LIMIT
         )
         .fetch_all(&mut *tx)
         .await?;
-        let job_events = sqlx::query_as!(
+        let mut job_events = sqlx::query_as!(
             JobEventInfo,
             r#"SELECT id, attempt, event, worker, reason, at
-                 FROM job_events WHERE task_seq = $1 ORDER BY id LIMIT $2"#,
+                 FROM job_events WHERE task_seq = $1 ORDER BY id DESC LIMIT $2"#,
             task.seq,
             HISTORY_LIMIT
         )
@@ -250,17 +248,21 @@ impl OpsStore for PostgresStore {
         )
         .fetch_all(&mut *tx)
         .await?;
-        progress.reverse();
-        let messages = sqlx::query_as!(
+        let mut messages = sqlx::query_as!(
             MessageInfo,
             r#"SELECT request_id, method, params, state, response, created_at, answered_at
-                 FROM task_messages WHERE task_seq = $1 ORDER BY id LIMIT $2"#,
+                 FROM task_messages WHERE task_seq = $1 ORDER BY id DESC LIMIT $2"#,
             task.seq,
             HISTORY_LIMIT
         )
         .fetch_all(&mut *tx)
         .await?;
         tx.commit().await?;
+        // Read newest first (the limits keep the latest), shown oldest first.
+        events.reverse();
+        job_events.reverse();
+        progress.reverse();
+        messages.reverse();
         Ok(Some(TaskHistory {
             task,
             job,
@@ -271,6 +273,8 @@ impl OpsStore for PostgresStore {
         }))
     }
 
+    /// With sequential scans off, as the planner would choose on tables of
+    /// a million rows (a small table is cheaper to read whole).
     async fn ops_stats_plans(&self, now: i64) -> Result<Vec<QueryPlan>, StoreError> {
         let (minute, hour) = (now - MINUTE_MS, now - HOUR_MS);
         let mut tx = self.pool.begin().await?;

@@ -215,19 +215,19 @@ impl OpsStore for SqliteStore {
         )
         .fetch_optional(&mut *tx)
         .await?;
-        let events = sqlx::query_as!(
+        let mut events = sqlx::query_as!(
             StatusChangeText,
             r#"SELECT id AS "id!", from_status, to_status, message, at
-                 FROM task_events WHERE task_seq = ? ORDER BY id LIMIT ?"#,
+                 FROM task_events WHERE task_seq = ? ORDER BY id DESC LIMIT ?"#,
             task.seq,
             HISTORY_LIMIT
         )
         .fetch_all(&mut *tx)
         .await?;
-        let job_events = sqlx::query_as!(
+        let mut job_events = sqlx::query_as!(
             JobEventInfo,
             r#"SELECT id AS "id!", attempt, event, worker, reason, at
-                 FROM job_events WHERE task_seq = ? ORDER BY id LIMIT ?"#,
+                 FROM job_events WHERE task_seq = ? ORDER BY id DESC LIMIT ?"#,
             task.seq,
             HISTORY_LIMIT
         )
@@ -242,17 +242,21 @@ impl OpsStore for SqliteStore {
         )
         .fetch_all(&mut *tx)
         .await?;
-        progress.reverse();
-        let messages = sqlx::query_as!(
+        let mut messages = sqlx::query_as!(
             MessageInfo,
             r#"SELECT request_id, method, params, state, response, created_at, answered_at
-                 FROM task_messages WHERE task_seq = ? ORDER BY id LIMIT ?"#,
+                 FROM task_messages WHERE task_seq = ? ORDER BY id DESC LIMIT ?"#,
             task.seq,
             HISTORY_LIMIT
         )
         .fetch_all(&mut *tx)
         .await?;
         tx.commit().await?;
+        // Read newest first (the limits keep the latest), shown oldest first.
+        events.reverse();
+        job_events.reverse();
+        progress.reverse();
+        messages.reverse();
         Ok(Some(TaskHistory {
             task,
             job,

@@ -316,15 +316,15 @@ pub struct TaskHistory {
     pub task: TaskRow,
     /// Its job; None for a task whose job was purged.
     pub job: Option<JobInfo>,
-    /// Its status changes, oldest first (at most [`HISTORY_LIMIT`]).
+    /// Its status changes, oldest first (the latest [`HISTORY_LIMIT`]).
     pub events: Vec<StatusChange>,
-    /// Its job's claims, requeues and finish, oldest first (at most
+    /// Its job's claims, requeues and finish, oldest first (the latest
     /// [`HISTORY_LIMIT`]).
     pub job_events: Vec<JobEventInfo>,
     /// Its latest progress reports, oldest first (at most
     /// [`PROGRESS_LIMIT`]).
     pub progress: Vec<ProgressReport>,
-    /// Its requests to the client, oldest first (at most
+    /// Its requests to the client, oldest first (the latest
     /// [`HISTORY_LIMIT`]).
     pub messages: Vec<MessageInfo>,
 }

@@ -749,8 +749,16 @@
       }
     }
 
+    /** Changes came faster than a batch holds: rows may be stale. */
+    function onDropped() {
+      notice.replaceChildren(
+        h('span', null, 'Tasks are changing faster than this list follows'),
+        h('button', { type: 'button', class: 'btn link', on: { click: load } }, 'Reload'));
+      notice.hidden = false;
+    }
+
     load();
-    return { onStatus, refresh: load };
+    return { onStatus, onDropped, refresh: load };
   }
 
   // ==== Page: one task ====
