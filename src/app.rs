@@ -250,6 +250,8 @@ pub async fn serve(config: ServeConfig) -> anyhow::Result<()> {
     crate::logging::stdout_line(&format!("taskbroker listening on http://{local_addr}/mcp"));
     tracing::info!(%local_addr, db = %config.db.display(), workers = config.workers,
                    lease_s = config.lease.as_secs_f64(), "broker started");
+    tracing::info!(url = %format!("http://{local_addr}/ui"),
+                   "web console (loopback without tokens, else an operator token)");
 
     {
         let stopping = stopping.clone();
