@@ -27,6 +27,10 @@ pub const DB: &str = "taskbroker.db";
 pub const LISTEN: SocketAddr = SocketAddr::V4(SocketAddrV4::new(Ipv4Addr::LOCALHOST, 8808));
 /// Job lease: a worker silent this long is presumed dead.
 pub const LEASE: Duration = Duration::from_secs(30);
+/// How long the row of a worker pool that stopped or died is kept (for
+/// `taskbroker workers --all` and the console) before maintenance forgets
+/// it; the job history keeps its id.
+pub const WORKER_RETENTION: Duration = Duration::from_secs(7 * 24 * 3600);
 /// On shutdown, how long running jobs may finish.
 pub const GRACE: Duration = Duration::from_secs(10);
 /// Longest task ttl; requested ttls are clamped.

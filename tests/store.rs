@@ -4239,6 +4239,20 @@ async fn worker_register_heartbeat_set_state_mark_dead(db: TestDb) {
     assert_eq!(db.store.worker_mark_dead(T0 + 100_000).await.unwrap(), 1);
     assert_eq!(read("w-1").await.0, "stopped");
     assert_eq!(read("w-2").await.0, "dead");
+
+    // Gone pools are forgotten once they have been gone long enough.
+    assert_eq!(db.store.worker_purge_gone(T0).await.unwrap(), 0);
+    assert_eq!(
+        db.store.worker_purge_gone(T0 + 3_200).await.unwrap(),
+        1,
+        "w-2 (dead, last beat at T0); w-1 stopped at T0 + 3200, not before"
+    );
+    assert_eq!(db.store.worker_purge_gone(T0 + 3_201).await.unwrap(), 1);
+    let left: i64 = raw
+        .scalar("SELECT count(*) FROM workers", args![])
+        .await
+        .unwrap();
+    assert_eq!(left, 0);
 }
 store_test!(worker_register_heartbeat_set_state_mark_dead);
 

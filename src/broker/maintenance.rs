@@ -8,6 +8,7 @@ use tokio_util::sync::CancellationToken;
 
 use super::Broker;
 use crate::clock::now_ms;
+use crate::defaults;
 use crate::store::RescueReport;
 
 /// Timing of the maintenance services.
@@ -73,11 +74,19 @@ pub async fn run(broker: Broker, config: MaintenanceConfig, shutdown: Cancellati
                 Ok(_) => {}
                 Err(e) => tracing::warn!(error = %e, "lease recovery failed"),
             },
-            _ = dead.tick() => match broker.store().worker_mark_dead(now_ms()).await {
-                Ok(0) => {}
-                Ok(n) => tracing::warn!(workers = n, "workers stopped heartbeating: marked dead"),
-                Err(e) => tracing::warn!(error = %e, "marking dead workers failed"),
-            },
+            _ = dead.tick() => {
+                match broker.store().worker_mark_dead(now_ms()).await {
+                    Ok(0) => {}
+                    Ok(n) => tracing::warn!(workers = n, "workers stopped heartbeating: marked dead"),
+                    Err(e) => tracing::warn!(error = %e, "marking dead workers failed"),
+                }
+                let before = now_ms().saturating_sub(defaults::WORKER_RETENTION.as_millis() as i64);
+                match broker.store().worker_purge_gone(before).await {
+                    Ok(0) => {}
+                    Ok(n) => tracing::info!(workers = n, "forgot worker pools gone for a week"),
+                    Err(e) => tracing::warn!(error = %e, "purging gone workers failed"),
+                }
+            }
         }
     }
 }

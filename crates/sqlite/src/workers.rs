@@ -84,4 +84,19 @@ impl WorkerStore for SqliteStore {
         .await?;
         Ok(done.rows_affected())
     }
+
+    /// Gone pools' rows, unless a running job still names them (its lease
+    /// runs out first).
+    async fn worker_purge_gone(&self, before: i64) -> Result<u64, StoreError> {
+        let done = sqlx::query!(
+            "DELETE FROM workers
+              WHERE state IN ('stopped', 'dead') AND COALESCE(stopped_at, heartbeat_at) < ?
+                AND NOT EXISTS (SELECT 1 FROM jobs j
+                                 WHERE j.lease_owner = workers.worker_id AND j.state = 'running')",
+            before
+        )
+        .execute(&self.write)
+        .await?;
+        Ok(done.rows_affected())
+    }
 }

@@ -347,6 +347,11 @@ pub trait WorkerStore {
     ) -> Result<(), StoreError>;
     /// Mark pools whose heartbeat is overdue as dead.
     async fn worker_mark_dead(&self, now: i64) -> Result<u64, StoreError>;
+    /// Forget pools that stopped or died before `before` (ms) and hold no
+    /// running job: every start of a worker adds a row, and months of
+    /// restarts would otherwise keep them all. The job history keeps
+    /// their ids.
+    async fn worker_purge_gone(&self, before: i64) -> Result<u64, StoreError>;
 }
 
 /// One database, whatever the driver.
