@@ -135,6 +135,7 @@ results = {
     "list_first": timed(lambda i: "/ui/api/tasks", 200),
     "list_deep": timed(lambda i: f"/ui/api/tasks?before={n // 2}", 200),
     "list_failed": timed(lambda i: "/ui/api/tasks?status=failed", 100),
+    "list_open": timed(lambda i: "/ui/api/tasks?status=input_required", 100),
     "list_none": timed(lambda i: "/ui/api/tasks?tool=no-such-tool", 10),
     "list_tool": timed(lambda i: "/ui/api/tasks?tool=tool_3", 100),
     "list_owner": timed(lambda i: "/ui/api/tasks?owner=principal:p42", 100),

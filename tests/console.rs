@@ -411,6 +411,26 @@ async fn console_json_agrees_with_the_workload(driver: Driver) {
         all_pages(&server, "status=working,failed", 2, &ops).await,
         [running.clone(), failed.clone()]
     );
+    // Unfinished statuses only: found by their index, not by walking.
+    assert_eq!(
+        all_pages(&server, "status=working", 1, &ops).await,
+        std::slice::from_ref(&running)
+    );
+    assert!(
+        all_pages(&server, "status=input_required", 50, &ops)
+            .await
+            .is_empty()
+    );
+    assert_eq!(
+        all_pages(
+            &server,
+            "status=working,input_required&tool=sleep",
+            50,
+            &ops
+        )
+        .await,
+        std::slice::from_ref(&running)
+    );
     assert_eq!(
         all_pages(&server, "tool=fail", 2, &ops).await,
         std::slice::from_ref(&failed)

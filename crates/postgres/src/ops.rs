@@ -143,8 +143,9 @@ impl OpsStore for PostgresStore {
         text::rows(rows)
     }
 
-    /// Keyset pages newest first: by `tasks_owner_seq` for one owner, else
-    /// backwards along the row key.
+    /// Keyset pages newest first: by `tasks_owner_seq` for one owner, by
+    /// `tasks_open_status` for unfinished statuses only, else backwards
+    /// along the row key.
     async fn ops_task_page(
         &self,
         filter: &TaskFilter,
@@ -155,6 +156,26 @@ impl OpsStore for PostgresStore {
         let statuses = status_list(&filter.statuses);
         let tool = filter.tool.as_deref();
         let rows = match filter.owner.as_deref() {
+            None if filter.only_open() => {
+                sqlx::query_as!(
+                    TaskSummaryText,
+                    r#"SELECT seq AS "seq!", task_id AS "task_id!", status AS "status!", tool AS "tool!",
+                              owner AS "owner!", created_at AS "created_at!",
+                              updated_at AS "updated_at!", status_message
+                         FROM tasks_as_served
+                        WHERE status IN ('working', 'input_required') AND seq < $1
+                          AND position(',' || status || ',' IN $2::text) > 0
+                          AND ($3::text IS NULL OR tool = $3::text)
+                        ORDER BY seq DESC
+                        LIMIT $4"#,
+                    before,
+                    statuses,
+                    tool,
+                    limit
+                )
+                .fetch_all(&self.pool)
+                .await?
+            }
             Some(owner) => {
                 sqlx::query_as!(
                     TaskSummaryText,

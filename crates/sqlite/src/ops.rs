@@ -141,8 +141,9 @@ impl OpsStore for SqliteStore {
         text::rows(rows)
     }
 
-    /// Keyset pages newest first: by `tasks_owner_seq` for one owner, else
-    /// backwards along the row key.
+    /// Keyset pages newest first: by `tasks_owner_seq` for one owner, by
+    /// `tasks_open_status` for unfinished statuses only, else backwards
+    /// along the row key.
     async fn ops_task_page(
         &self,
         filter: &TaskFilter,
@@ -154,6 +155,24 @@ impl OpsStore for SqliteStore {
         let tool = filter.tool.as_deref();
         let rows =
             match filter.owner.as_deref() {
+                None if filter.only_open() => sqlx::query_as!(
+                    TaskSummaryText,
+                    r#"SELECT seq AS "seq!", task_id, status, tool, owner, created_at, updated_at,
+                              status_message
+                         FROM tasks_as_served
+                        WHERE status IN ('working', 'input_required') AND seq < ?
+                          AND instr(?, ',' || status || ',') > 0
+                          AND (? IS NULL OR tool = ?)
+                        ORDER BY seq DESC
+                        LIMIT ?"#,
+                    before,
+                    statuses,
+                    tool,
+                    tool,
+                    limit
+                )
+                .fetch_all(&self.read)
+                .await?,
                 Some(owner) => sqlx::query_as!(
                     TaskSummaryText,
                     r#"SELECT seq AS "seq!", task_id, status, tool, owner, created_at, updated_at,

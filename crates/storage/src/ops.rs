@@ -196,6 +196,15 @@ pub struct TaskFilter {
     pub owner: Option<String>,
 }
 
+impl TaskFilter {
+    /// Whether it asks only for unfinished statuses (working,
+    /// input_required): few tasks, found by the `tasks_open_status` index
+    /// instead of walking the row key.
+    pub fn only_open(&self) -> bool {
+        !self.statuses.is_empty() && self.statuses.iter().all(|s| !s.is_terminal())
+    }
+}
+
 /// A task as listed for operators (no arguments, no result).
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct TaskSummary {
