@@ -66,18 +66,12 @@ pub fn check_site(console: &Console, headers: &HeaderMap) -> Result<(), Denied> 
             .is_some_and(|(_, authority)| authority.eq_ignore_ascii_case(host)),
         _ => false,
     };
-    let checked;
-    let headers = if own_site {
-        checked = {
-            let mut h = headers.clone();
-            h.remove(header::ORIGIN);
-            h
-        };
-        &checked
-    } else {
-        headers
-    };
-    origin::check(headers, app.local_addr, &app.config.allowed_origins)
+    let (local, allowed) = (app.local_addr, &app.config.allowed_origins);
+    if !own_site {
+        origin::check_origin(headers, local, allowed)
+            .map_err(|refused| Denied::new(StatusCode::FORBIDDEN, refused.message()))?;
+    }
+    origin::check_host(headers, local, allowed)
         .map_err(|refused| Denied::new(StatusCode::FORBIDDEN, refused.message()))
 }
 

@@ -8,7 +8,7 @@
 //! of tasks a second: one write per change would cost it more than the
 //! pages need. Each stream takes one place among the server's SSE streams.
 
-use std::collections::VecDeque;
+use std::collections::{HashMap, VecDeque};
 use std::convert::Infallible;
 use std::time::Duration;
 
@@ -80,7 +80,9 @@ pub const CAP: usize = 200;
 struct Batch {
     status: VecDeque<Value>,
     /// The latest report of each task, in the order they first reported.
-    progress: Vec<(String, Value)>,
+    progress: Vec<Value>,
+    /// Where each task's report is in `progress`.
+    reported: HashMap<String, usize>,
     dropped: u64,
 }
 
@@ -108,10 +110,15 @@ impl Batch {
                     "total": p.total,
                     "message": p.message,
                 });
-                if let Some(slot) = self.progress.iter_mut().find(|(id, _)| *id == p.task_id) {
-                    slot.1 = report;
+                if let Some(slot) = self
+                    .reported
+                    .get(&p.task_id)
+                    .and_then(|&at| self.progress.get_mut(at))
+                {
+                    *slot = report;
                 } else if self.progress.len() < CAP {
-                    self.progress.push((p.task_id.clone(), report));
+                    self.reported.insert(p.task_id.clone(), self.progress.len());
+                    self.progress.push(report);
                 } else {
                     self.dropped += 1;
                 }
@@ -127,11 +134,10 @@ impl Batch {
             return None;
         }
         let batch = std::mem::take(self);
-        let progress: Vec<Value> = batch.progress.into_iter().map(|(_, v)| v).collect();
         Some(
             json!({
                 "status": Vec::from(batch.status),
-                "progress": progress,
+                "progress": batch.progress,
                 "dropped": batch.dropped,
             })
             .to_string(),

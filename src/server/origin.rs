@@ -27,6 +27,16 @@ impl Refused {
 
 /// Check a request's `Origin` and `Host` headers (each when present).
 pub fn check(headers: &HeaderMap, local: SocketAddr, allowed: &[String]) -> Result<(), Refused> {
+    check_origin(headers, local, allowed)?;
+    check_host(headers, local, allowed)
+}
+
+/// The `Origin` header alone (when present).
+pub fn check_origin(
+    headers: &HeaderMap,
+    local: SocketAddr,
+    allowed: &[String],
+) -> Result<(), Refused> {
     if let Some(origin) = headers.get(header::ORIGIN) {
         let ok = origin
             .to_str()
@@ -36,6 +46,15 @@ pub fn check(headers: &HeaderMap, local: SocketAddr, allowed: &[String]) -> Resu
             return Err(Refused::Origin);
         }
     }
+    Ok(())
+}
+
+/// The `Host` header alone (when present).
+pub fn check_host(
+    headers: &HeaderMap,
+    local: SocketAddr,
+    allowed: &[String],
+) -> Result<(), Refused> {
     if let Some(host) = headers.get(header::HOST) {
         let ok = host.to_str().is_ok_and(|h| host_allowed(h, local, allowed));
         if !ok {
