@@ -118,6 +118,8 @@ pub struct ServerSection {
     pub idle_timeout: Option<Spanned<DurationValue>>,
     /// Open connections at most.
     pub max_connections: Option<u32>,
+    /// Refuse 2026-07-28 requests lacking any header the spec requires.
+    pub strict_headers: Option<bool>,
 }
 
 /// `[worker]`: settings of `taskbroker worker`.

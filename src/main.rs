@@ -16,7 +16,7 @@ use taskbroker::client;
 use taskbroker::config::{Config, DurationValue};
 use taskbroker::defaults;
 use taskbroker::logging;
-use taskbroker::server::ServerConfig;
+use taskbroker::server::{HeaderPresence, ServerConfig};
 use taskbroker::store::Durability;
 use taskbroker::tools::{Tool, conformance_tools, demo_tools};
 
@@ -201,6 +201,12 @@ struct ServeArgs {
     /// with 503 [default: 10000].
     #[arg(long, env = "TASKBROKER_MAX_CONNECTIONS", value_parser = clap::value_parser!(u32).range(1..=1_000_000))]
     max_connections: Option<u32>,
+    /// Refuse MCP 2026-07-28 requests that lack any header the spec requires
+    /// (Mcp-Name on tasks/*, Mcp-Param-*), for deployments behind gateways
+    /// that route on headers; by default only a header that disagrees with
+    /// the body is refused.
+    #[arg(long, env = "TASKBROKER_STRICT_HEADERS", value_parser = BoolishValueParser::new())]
+    strict_headers: bool,
 }
 
 #[derive(Debug, Args)]
@@ -464,6 +470,11 @@ impl ServeArgs {
                     .or(s.max_connections)
                     .unwrap_or(defaults::MAX_CONNECTIONS)
                     .max(1),
+                header_presence: if self.strict_headers || s.strict_headers.unwrap_or(false) {
+                    HeaderPresence::Strict
+                } else {
+                    HeaderPresence::Lenient
+                },
                 ..ServerConfig::default()
             },
             shutdown_grace: Duration::from_secs(5),

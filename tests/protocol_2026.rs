@@ -509,6 +509,105 @@ async fn issue16_headers_that_disagree_with_the_body_are_32020_with_http_400() {
     assert_eq!(task["taskId"], json!(task_id));
 }
 
+/// Issue 23: the headers exactly as the official Python SDK 2.3 sends them
+/// (MCP-Protocol-Version and Mcp-Method on every request, Mcp-Name only on
+/// tools/call, no Mcp-Param-* for a tool it has not listed). By default an
+/// absent Mcp-Name on tasks/* and an absent Mcp-Param-* are accepted (the
+/// body decides), a header that disagrees with the body is always -32020;
+/// `--strict-headers` (or `strict_headers = true` in `[server]`) restores
+/// the SEP's presence rules.
+#[tokio::test]
+async fn issue23_absent_headers_pass_by_default_wrong_ones_never_strict_refuses_both() {
+    let server = Server::start(&["--conformance-tools"]);
+    let mut m = Modern::new(&server.url, with_tasks_and_elicitation());
+    let task_id = m
+        .create_task("approve", json!({ "question": "deploy?" }))
+        .await;
+    m.wait_status(&task_id, "input_required").await;
+
+    // tasks/get, tasks/update and tasks/cancel without Mcp-Name, as the
+    // Python SDK sends them.
+    let get = m
+        .call("tasks/get", json!({ "taskId": task_id }))
+        .without("mcp-name");
+    let task = m.send(get).await;
+    assert_eq!(task.result()["status"], "input_required");
+    let key = request_keys(task.result()).remove(0);
+    let update = m.call(
+        "tasks/update",
+        json!({ "taskId": task_id,
+                "inputResponses": { key: { "action": "accept", "content": { "approved": true } } } }),
+    );
+    assert_ack(m.send(update.without("mcp-name")).await.result());
+    m.wait_status(&task_id, "completed").await;
+    let long = m.create_task("sleep", json!({ "seconds": 60 })).await;
+    let cancel = m
+        .call("tasks/cancel", json!({ "taskId": long }))
+        .without("mcp-name");
+    assert_ack(m.send(cancel).await.result());
+    m.wait_status(&long, "cancelled").await;
+
+    // A tool argument marked x-mcp-header, sent without its header.
+    let call = m
+        .call(
+            "tools/call",
+            json!({ "name": "test_header_param", "arguments": { "region": "eu-west" } }),
+        )
+        .without("mcp-param-region");
+    let result = m.send(call).await.result().clone();
+    assert!(result.to_string().contains("eu-west"), "{result}");
+
+    // Headers that disagree with the body are refused all the same.
+    let wrong_task = m
+        .call("tasks/get", json!({ "taskId": task_id }))
+        .header("mcp-name", "another-task");
+    m.send(wrong_task).await.error(400, -32020);
+    let wrong_param = m
+        .call(
+            "tools/call",
+            json!({ "name": "test_header_param", "arguments": { "region": "eu-west" } }),
+        )
+        .header("mcp-param-region", "us-east");
+    m.send(wrong_param).await.error(400, -32020);
+    let no_name_on_call = m
+        .call("tools/call", json!({ "name": "echo", "arguments": {} }))
+        .without("mcp-name");
+    m.send(no_name_on_call).await.error(400, -32020);
+
+    // Strict, by flag and by config key: absent headers are refused, and
+    // the message says why.
+    let by_flag = Server::start(&["--conformance-tools", "--strict-headers"]);
+    let by_config = Server::start_with_config(
+        "[server]\nstrict_headers = true\nconformance_tools = true\n",
+        &[],
+    );
+    for strict in [&by_flag, &by_config] {
+        let mut m = Modern::new(&strict.url, with_tasks());
+        let task_id = m.create_task("sleep", json!({ "seconds": 0 })).await;
+        let get = m
+            .call("tasks/get", json!({ "taskId": task_id }))
+            .without("mcp-name");
+        let reply = m.send(get).await;
+        let error = reply.error(400, -32020);
+        assert!(
+            error["message"]
+                .as_str()
+                .unwrap()
+                .contains("--strict-headers"),
+            "{error}"
+        );
+        let call = m
+            .call(
+                "tools/call",
+                json!({ "name": "test_header_param", "arguments": { "region": "eu-west" } }),
+            )
+            .without("mcp-param-region");
+        m.send(call).await.error(400, -32020);
+        // With every header, the same requests are served.
+        m.get(&task_id).await;
+    }
+}
+
 /// Issue 16, SEP-2575: a protocol version the server does not serve (in
 /// the header and in `_meta` alike) is -32022 with HTTP 400, naming the
 /// supported versions and the one requested.

@@ -34,6 +34,7 @@ pub use calls::ClientRequests;
 pub use limits::{
     RateLimiter, Refusal, RequestLimits, Requestor, StreamCounter, hold_while_streaming,
 };
+pub use modern::headers::Presence as HeaderPresence;
 pub use modern::state::StateKey as RequestStates;
 pub use notify::{SessionStreams, spawn_status_notifier};
 pub use sessions::{Session, Sessions};
@@ -78,6 +79,8 @@ pub struct ServerConfig {
     pub idle_timeout: Duration,
     /// Open connections at most (beyond: refused at once).
     pub max_connections: u32,
+    /// Which absent MCP 2026-07-28 headers are refused (`--strict-headers`).
+    pub header_presence: HeaderPresence,
 }
 
 impl Default for ServerConfig {
@@ -98,6 +101,7 @@ impl Default for ServerConfig {
             body_timeout: defaults::BODY_TIMEOUT,
             idle_timeout: defaults::IDLE_TIMEOUT,
             max_connections: defaults::MAX_CONNECTIONS,
+            header_presence: HeaderPresence::default(),
         }
     }
 }

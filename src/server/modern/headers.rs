@@ -5,6 +5,16 @@
 //! case-insensitive, values exact after trimming spaces; a value of the
 //! form `=?base64?...?=` is base64, decoded strictly. Any disagreement is
 //! -32020 with HTTP 400.
+//!
+//! A header that disagrees with the body is always refused. A header that
+//! is absent is refused only where every client library we test sends it
+//! (`MCP-Protocol-Version`, `Mcp-Method`, `Mcp-Name` of tools/call), or in
+//! [`Presence::Strict`] mode (`--strict-headers`), which restores the
+//! SEP's presence rules for deployments behind gateways that route on
+//! headers. The broker is the final server and reads the body, so an
+//! absent header cannot mislead it; but the official Python SDK (2.3)
+//! sends no `Mcp-Name` on tasks/*, and no `Mcp-Param-*` header for a tool
+//! it has not listed first.
 
 use axum::http::HeaderMap;
 use base64::Engine;
@@ -24,6 +34,16 @@ fn header<'a>(headers: &'a HeaderMap, name: &str) -> Result<Option<&'a str>, Ref
             .map(|s| Some(s.trim_matches([' ', '\t'])))
             .map_err(|_| mismatch(format!("header {name} is not visible ASCII"))),
     }
+}
+
+/// Which absent headers are refused (see the module doc).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum Presence {
+    /// Only those every tested client library sends (the default).
+    #[default]
+    Lenient,
+    /// Every header the SEP requires (`--strict-headers`).
+    Strict,
 }
 
 fn mismatch(message: String) -> Refusal {
@@ -57,23 +77,37 @@ pub fn check_method(headers: &HeaderMap, method: &str) -> Result<(), Refusal> {
     }
 }
 
-fn check_name(headers: &HeaderMap, what: &str, expected: &str) -> Result<(), Refusal> {
+/// `Mcp-Name` against the body's `what`; an absent header passes unless
+/// `required`.
+fn check_name(
+    headers: &HeaderMap,
+    what: &str,
+    expected: &str,
+    required: bool,
+) -> Result<(), Refusal> {
     match header(headers, modern::NAME_HEADER)? {
         Some(h) if h == expected => Ok(()),
         Some(h) => Err(mismatch(format!(
             "Mcp-Name is '{h}' but the body's {what} is '{expected}'"
         ))),
+        None if !required => Ok(()),
         None => Err(mismatch(format!(
-            "the Mcp-Name header is required (here: the {what}, '{expected}')"
+            "the Mcp-Name header is required (here: the {what}, '{expected}'; this broker runs \
+             with --strict-headers)"
         ))),
     }
 }
 
-/// `Mcp-Name` of tasks/get, tasks/update and tasks/cancel: the taskId. A
-/// body without a taskId is left to the method's own params check.
-pub fn check_task_name(headers: &HeaderMap, params: Option<&Value>) -> Result<(), Refusal> {
+/// `Mcp-Name` of tasks/get, tasks/update and tasks/cancel: the taskId
+/// (required only when `Strict`). A body without a taskId is left to the
+/// method's own params check.
+pub fn check_task_name(
+    headers: &HeaderMap,
+    params: Option<&Value>,
+    presence: Presence,
+) -> Result<(), Refusal> {
     match params.and_then(|p| p.get("taskId")).and_then(Value::as_str) {
-        Some(task_id) => check_name(headers, "taskId", task_id),
+        Some(task_id) => check_name(headers, "taskId", task_id, presence == Presence::Strict),
         None => Ok(()),
     }
 }
@@ -91,7 +125,8 @@ pub fn check_call(
     else {
         return Ok(());
     };
-    check_name(headers, "tool name", name)?;
+    check_name(headers, "tool name", name, true)?;
+    let presence = state.config.header_presence;
     let Some(tool) = state.broker.tools().get(name) else {
         return Ok(());
     };
@@ -113,20 +148,23 @@ pub fn check_call(
         let argument = arguments
             .and_then(|a| a.get(param))
             .filter(|v| !v.is_null());
-        check_param(&header_name, param, given, argument)?;
+        check_param(&header_name, param, given, argument, presence)?;
     }
     Ok(())
 }
 
-/// One `Mcp-Param-*` header against its argument.
+/// One `Mcp-Param-*` header against its argument; an absent header
+/// passes unless `Strict`.
 fn check_param(
     header_name: &str,
     param: &str,
     given: Option<&str>,
     argument: Option<&Value>,
+    presence: Presence,
 ) -> Result<(), Refusal> {
     let (given, argument) = match (given, argument) {
         (None, None) => return Ok(()),
+        (None, Some(_)) if presence == Presence::Lenient => return Ok(()),
         (Some(_), None) => {
             return Err(mismatch(format!(
                 "{header_name} is set but the argument '{param}' is absent"
@@ -134,7 +172,8 @@ fn check_param(
         }
         (None, Some(_)) => {
             return Err(mismatch(format!(
-                "{header_name} is required: the argument '{param}' is marked x-mcp-header"
+                "{header_name} is required: the argument '{param}' is marked x-mcp-header (this \
+                 broker runs with --strict-headers)"
             )));
         }
         (Some(g), Some(a)) => (g, a),
@@ -176,6 +215,15 @@ mod tests {
     use super::*;
     use serde_json::json;
 
+    fn check_param(
+        header_name: &str,
+        param: &str,
+        given: Option<&str>,
+        argument: Option<&Value>,
+    ) -> Result<(), Refusal> {
+        super::check_param(header_name, param, given, argument, Presence::Strict)
+    }
+
     #[test]
     fn param_headers_decode_base64_strictly_and_compare() {
         let hello = json!("Hello");
@@ -190,5 +238,15 @@ mod tests {
         assert!(check_param("h", "p", None, None).is_ok());
         assert!(check_param("h", "p", Some("1.0"), Some(&json!(1))).is_ok());
         assert!(check_param("h", "p", Some("true"), Some(&json!(true))).is_ok());
+    }
+
+    #[test]
+    fn lenient_presence_accepts_an_absent_param_header_never_a_wrong_one() {
+        let hello = json!("Hello");
+        let lenient = |given| super::check_param("h", "p", given, Some(&hello), Presence::Lenient);
+        assert!(lenient(None).is_ok());
+        assert!(lenient(Some("Hello")).is_ok());
+        assert!(lenient(Some("Bye")).is_err());
+        assert!(super::check_param("h", "p", Some("x"), None, Presence::Lenient).is_err());
     }
 }

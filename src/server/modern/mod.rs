@@ -11,7 +11,7 @@
 //! (random, 122 bits) is the capability to read, answer and cancel it.
 
 mod calls;
-mod headers;
+pub mod headers;
 mod listen;
 pub mod state;
 mod tasks;
@@ -236,7 +236,7 @@ async fn task_method(
     request: &Request<'_>,
     method: &str,
 ) -> Result<Value, Refusal> {
-    headers::check_task_name(headers, request.params)?;
+    headers::check_task_name(headers, request.params, state.config.header_presence)?;
     if !request.envelope.declares_tasks() {
         return Err(calls::tasks_not_declared(method));
     }
