@@ -13,8 +13,8 @@ use crate::broker::{Broker, BrokerConfig, Feed, Writer, maintenance};
 use crate::defaults;
 use crate::server::connections::Deadlines;
 use crate::server::{
-    AppState, Audit, ClientRequests, RateLimiter, RequestLimits, RequestStates, ServerConfig,
-    SessionStreams, Sessions, StreamCounter, Streams, spawn_status_notifier,
+    AppState, Audit, ClientRequests, RateLimiter, RequestLimits, ServerConfig, SessionStreams,
+    Sessions, StreamCounter, Streams, spawn_status_notifier,
 };
 use crate::store::{self, Database, Durability, Store, WorkerKind};
 use crate::tools::{Registry, Tool};
@@ -225,10 +225,6 @@ pub async fn serve(config: ServeConfig) -> anyhow::Result<()> {
             config.server.keep_alive,
         )),
         client_requests: Arc::new(ClientRequests::default()),
-        request_states: Arc::new(
-            RequestStates::random()
-                .map_err(|e| anyhow::anyhow!("drawing the requestState key from the OS: {e}"))?,
-        ),
         config: Arc::new(config.server.clone()),
         local_addr,
     };
@@ -291,10 +287,32 @@ pub async fn serve(config: ServeConfig) -> anyhow::Result<()> {
     Ok(())
 }
 
+/// The database of a worker process, once its schema is this build's: a
+/// worker started together with a broker (or `taskbroker migrate`) on a
+/// new database waits up to [`defaults::SCHEMA_WAIT`] for it to be
+/// created and migrated, then gives the same error as without waiting.
+async fn open_when_migrated(
+    db: &std::path::Path,
+    durability: store::Durability,
+) -> Result<store::Store, store::StoreError> {
+    let deadline = tokio::time::Instant::now() + crate::defaults::SCHEMA_WAIT;
+    loop {
+        match store::open_existing(db, durability).await {
+            Err(store::StoreError::NotMigrated(reason))
+                if tokio::time::Instant::now() < deadline =>
+            {
+                tracing::debug!(%reason, "waiting for the database schema");
+                tokio::time::sleep(std::time::Duration::from_millis(100)).await;
+            }
+            other => return other,
+        }
+    }
+}
+
 /// Run a worker process until SIGINT/SIGTERM: claims jobs from the
 /// database, runs their tools, records their outcomes. Never migrates.
 pub async fn work(config: WorkConfig) -> anyhow::Result<()> {
-    let store = store::open_existing(&config.db, config.durability).await?;
+    let store = open_when_migrated(&config.db, config.durability).await?;
     let scrape = crate::metrics::Scrape::new(store.clone(), None, None);
     let core = Core::start(
         store,

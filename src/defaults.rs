@@ -31,6 +31,15 @@ pub const LEASE: Duration = Duration::from_secs(30);
 /// `taskbroker workers --all` and the console) before maintenance forgets
 /// it; the job history keeps its id.
 pub const WORKER_RETENTION: Duration = Duration::from_secs(7 * 24 * 3600);
+/// How often the keys that sign MCP 2026-07-28 request states rotate: a
+/// state is accepted for at least this long and at most twice it (long
+/// enough for a person to answer a question; every broker on the database
+/// shares the keys). Not a setting: the stored keys are numbered by it.
+pub const REQUEST_STATE_KEY_PERIOD: Duration = Duration::from_secs(24 * 3600);
+/// How long a worker process started on a database that does not exist
+/// yet, or is not migrated yet, waits for a broker (or `taskbroker
+/// migrate`) to create and migrate it before it gives up.
+pub const SCHEMA_WAIT: Duration = Duration::from_secs(5);
 /// On shutdown, how long running jobs may finish.
 pub const GRACE: Duration = Duration::from_secs(10);
 /// Longest task ttl; requested ttls are clamped.

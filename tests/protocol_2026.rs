@@ -1333,6 +1333,60 @@ async fn issue16_a_plain_call_asks_in_rounds() {
     );
 }
 
+/// Issue 23: the requestState of a multi-round call is signed with a key
+/// kept in the database, so the retry completes wherever it lands: on
+/// another broker on the same PostgreSQL database, and on the only broker
+/// after a kill -9 and restart (both drivers). One key row serves them all.
+async fn issue23_a_multi_round_retry_completes_on_another_broker_and_after_kill9(driver: Driver) {
+    let mut server = Server::start_on(driver, &[]);
+    async fn ask(m: &mut Modern) -> (String, String) {
+        let asked = m.tool("approve", json!({ "question": "ship it?" })).await;
+        assert_eq!(asked["resultType"], "input_required", "{asked}");
+        let key = request_keys(&asked).remove(0);
+        let state = asked["requestState"].as_str().unwrap().to_owned();
+        (key, state)
+    }
+    async fn retry(m: &mut Modern, key: String, state: String) {
+        let done = m
+            .tool_retry(
+                "approve",
+                json!({ "question": "ship it?" }),
+                json!({ key: { "action": "accept", "content": { "approved": true } } }),
+                &state,
+            )
+            .await;
+        assert_eq!(done["resultType"], "complete", "{done}");
+        assert_eq!(done["structuredContent"]["approved"], true, "{done}");
+    }
+
+    if driver == Driver::Postgres {
+        // Asked by one broker, answered through another.
+        let other = Server::start_sharing(&server, &[]);
+        let mut here = Modern::new(&server.url, json!({ "elicitation": {} }));
+        let mut there = Modern::new(&other.url, json!({ "elicitation": {} }));
+        let (key, state) = ask(&mut here).await;
+        retry(&mut there, key, state).await;
+        // And the other way round, now that both have read the key.
+        let (key, state) = ask(&mut there).await;
+        retry(&mut here, key, state).await;
+    }
+
+    // Asked, then the only broker is killed -9 and restarted.
+    let mut m = Modern::new(&server.url, json!({ "elicitation": {} }));
+    let (key, state) = ask(&mut m).await;
+    server.kill_and_restart();
+    let mut m = Modern::new(&server.url, json!({ "elicitation": {} }));
+    retry(&mut m, key, state).await;
+
+    let db = server.db_reader().await;
+    let keys: i64 = db
+        .scalar("SELECT COUNT(*) FROM request_state_keys", &[])
+        .await;
+    assert_eq!(keys, 1, "one key for this period, made once");
+}
+
+both_drivers!(issue23_a_multi_round_retry_completes_on_another_broker_and_after_kill9);
+
 // ---------------------------------------------------------------------
 // 8. subscriptions/listen.
 // ---------------------------------------------------------------------

@@ -728,7 +728,7 @@ async fn open_existing_opens_only_a_database_of_this_schema(fresh: FreshDb) {
         std::fs::write(db, b"").unwrap();
     }
     match store::open_existing(db, Durability::Full).await {
-        Err(StoreError::Schema(msg)) => {
+        Err(StoreError::NotMigrated(msg)) => {
             assert!(msg.contains("no taskbroker schema yet"), "{msg}");
             assert!(msg.contains("taskbroker migrate --db"), "{msg}");
         }
@@ -765,11 +765,21 @@ async fn open_existing_opens_only_a_database_of_this_schema(fresh: FreshDb) {
 store_test!(open_existing_opens_only_a_database_of_this_schema);
 
 /// `open_existing` creates nothing: a file or database that does not exist
-/// is an error that says so.
+/// is an error that says so. A SQLite file is one a starting broker may be
+/// about to create (`NotMigrated`, which a worker waits for); a PostgreSQL
+/// database is made by its operator (`Open`).
 async fn open_existing_refuses_a_database_that_does_not_exist(fresh: FreshDb) {
     let missing = fresh.missing();
     match store::open_existing(&missing, Durability::Full).await {
-        Err(StoreError::Open { path, reason }) => {
+        Err(StoreError::NotMigrated(reason)) if fresh.driver == Driver::Sqlite => {
+            let location = missing.display().to_string();
+            assert!(
+                reason.starts_with(&format!("database {location}: does not exist")),
+                "{reason}"
+            );
+            assert!(reason.contains("taskbroker migrate --db"), "{reason}");
+        }
+        Err(StoreError::Open { path, reason }) if fresh.driver == Driver::Postgres => {
             let location = missing.display().to_string();
             let expected = match fresh.driver {
                 Driver::Sqlite => location,
@@ -4266,3 +4276,54 @@ fn new_token(id: &str, principal: &str, hash: &[u8], expires_at: Option<i64>) ->
         operator: false,
     }
 }
+
+/// Issue 23: the keys that sign MCP 2026-07-28 request states live in the
+/// database. Two processes (two handles, two `SigningKeys`) asking at once
+/// for this period's key get the same one, made once; a state of the
+/// previous period is still accepted, an older one is not; the purge
+/// deletes exactly the keys no state may use, and a process that never
+/// cached such a key can no longer read it.
+async fn request_state_keys_are_shared_rotated_and_purged(db: TestDb) {
+    use taskbroker::broker::keys::{KeyError, SigningKeys};
+    const PERIOD: i64 = 3_600_000;
+    let other = store::open(&db.fresh.location, Durability::Full)
+        .await
+        .unwrap();
+    let here = SigningKeys::with_period(db.store.clone(), PERIOD);
+    let there = SigningKeys::with_period(other.clone(), PERIOD);
+    let now = 10 * PERIOD + 5;
+    let (a, b) = tokio::join!(here.current(now), there.current(now));
+    let (a, b) = (a.unwrap(), b.unwrap());
+    assert_eq!(a, b, "both processes sign with the key made once");
+    assert_eq!(a.epoch, 10);
+    assert_eq!(here.current(now + 1).await.unwrap(), a, "same period");
+
+    // The next period has a key of its own; the previous one still opens.
+    let later = now + PERIOD;
+    let next = there.current(later).await.unwrap();
+    assert_eq!(next.epoch, 11);
+    assert_ne!(next.secret, a.secret);
+    assert_eq!(here.for_epoch(10, later).await.unwrap(), a);
+    assert_eq!(here.for_epoch(11, later).await.unwrap(), next);
+    // Two periods on, the first key is refused even where it is cached.
+    let much_later = now + 2 * PERIOD;
+    assert!(matches!(
+        here.for_epoch(10, much_later).await,
+        Err(KeyError::Expired(1))
+    ));
+    // A period no process ever signed in has no key to open with.
+    assert!(matches!(
+        here.for_epoch(12, much_later).await,
+        Err(KeyError::Expired(_))
+    ));
+
+    let purged = here.purge(much_later).await.unwrap();
+    assert_eq!(purged, 1, "only epoch 10 is past use");
+    let fresh_process = SigningKeys::with_period(other, PERIOD);
+    assert_eq!(fresh_process.for_epoch(11, much_later).await.unwrap(), next);
+    assert!(matches!(
+        fresh_process.for_epoch(10, later).await,
+        Err(KeyError::Expired(_))
+    ));
+}
+store_test!(request_state_keys_are_shared_rotated_and_purged);

@@ -496,6 +496,153 @@ async fn workers_table_tracks_live_stopped_and_dead_workers(driver: Driver) {
 
 both_drivers!(workers_table_tracks_live_stopped_and_dead_workers);
 
+/// Issue 23: brokers, workers and `taskbroker migrate` started at once on a
+/// new database all come up: the loser of a migration race retries until
+/// the winner is done, and a worker that finds no schema yet (or one being
+/// migrated) waits for it instead of exiting. SQLite: one broker, one
+/// `migrate`, two workers; PostgreSQL: two brokers, two workers. Workers
+/// go first in every other round.
+async fn processes_started_at_once_on_a_new_database_all_come_up(driver: Driver) {
+    use std::io::{BufRead, BufReader};
+    use std::process::{Child, Stdio};
+    let bin = env!("CARGO_BIN_EXE_taskbroker");
+    for round in 0..4 {
+        let dir = tempfile::tempdir().unwrap();
+        let pg = match driver {
+            Driver::Postgres => Some(common::pg::PgDb::create().unwrap()),
+            Driver::Sqlite => None,
+        };
+        let db = match &pg {
+            Some(pg) => pg.url.clone(),
+            None => dir.path().join("broker.db").display().to_string(),
+        };
+        let spawn = |args: &[&str], name: &str| -> Child {
+            let log = std::fs::File::create(dir.path().join(format!("{name}.log"))).unwrap();
+            Command::new(bin)
+                .args(args)
+                .env("RUST_LOG", "info,sqlx=warn")
+                .stdout(Stdio::piped())
+                .stderr(Stdio::from(log))
+                .spawn()
+                .unwrap()
+        };
+        let brokers_args = ["serve", "--db", &db, "--listen", "127.0.0.1:0"];
+        let worker_args = ["worker", "--db", &db];
+        let mut workers = Vec::new();
+        let mut others = Vec::new();
+        let second = if driver == Driver::Postgres {
+            brokers_args.to_vec()
+        } else {
+            vec!["migrate", "--db", &db]
+        };
+        if round % 2 == 1 {
+            workers.push(spawn(&worker_args, "worker-0"));
+            workers.push(spawn(&worker_args, "worker-1"));
+        }
+        others.push(("broker-0", spawn(&brokers_args, "broker-0")));
+        others.push(("second", spawn(&second, "second")));
+        if round % 2 == 0 {
+            workers.push(spawn(&worker_args, "worker-0"));
+            workers.push(spawn(&worker_args, "worker-1"));
+        }
+        let log = |name: &str| {
+            std::fs::read_to_string(dir.path().join(format!("{name}.log"))).unwrap_or_default()
+        };
+        // Brokers say where they listen; `migrate` exits 0.
+        for (name, child) in &mut others {
+            let mut line = String::new();
+            let stdout = child.stdout.take().unwrap();
+            let read = std::thread::spawn(move || {
+                let mut line = String::new();
+                let _ = BufReader::new(stdout).read_line(&mut line);
+                line
+            });
+            line.push_str(&read.join().unwrap());
+            if *name == "second" && driver == Driver::Sqlite {
+                let status = child.wait().unwrap();
+                assert!(
+                    status.success(),
+                    "round {round}: migrate: {line} {}",
+                    log(name)
+                );
+            } else {
+                assert!(
+                    line.starts_with("taskbroker listening on "),
+                    "round {round}: {name}: {line:?}\n{}",
+                    log(name)
+                );
+            }
+        }
+        // Every worker registers live and keeps running.
+        let pids: Vec<i64> = workers.iter().map(|w| i64::from(w.id())).collect();
+        let deadline = Instant::now() + Duration::from_secs(30);
+        loop {
+            let live = match &pg {
+                Some(pg) => {
+                    let pool = sqlx::PgPool::connect(&pg.url).await.unwrap();
+                    // Before the schema exists the view does not: none live.
+                    let n: i64 = sqlx::query_scalar(
+                        "SELECT COUNT(*) FROM v_workers WHERE state = 'live' AND pid = ANY($1)",
+                    )
+                    .bind(&pids)
+                    .fetch_one(&pool)
+                    .await
+                    .unwrap_or(0);
+                    pool.close().await;
+                    n
+                }
+                None => match sqlx::SqlitePool::connect_with(
+                    sqlx::sqlite::SqliteConnectOptions::new()
+                        .filename(dir.path().join("broker.db"))
+                        .read_only(true),
+                )
+                .await
+                {
+                    // Before the file and the schema exist: none live.
+                    Err(_) => 0,
+                    Ok(pool) => {
+                        let n: i64 = sqlx::query_scalar(
+                            "SELECT COUNT(*) FROM v_workers WHERE state = 'live' AND pid IN (?, ?)",
+                        )
+                        .bind(pids[0])
+                        .bind(pids[1])
+                        .fetch_one(&pool)
+                        .await
+                        .unwrap_or(0);
+                        pool.close().await;
+                        n
+                    }
+                },
+            };
+            if live == 2 {
+                break;
+            }
+            for (i, w) in workers.iter_mut().enumerate() {
+                let name = format!("worker-{i}");
+                assert!(
+                    w.try_wait().unwrap().is_none(),
+                    "round {round}: {name} exited:\n{}",
+                    log(&name)
+                );
+            }
+            assert!(
+                Instant::now() < deadline,
+                "round {round}: {live} of 2 workers live"
+            );
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
+        for mut child in workers
+            .into_iter()
+            .chain(others.into_iter().map(|(_, c)| c))
+        {
+            let _ = child.kill();
+            let _ = child.wait();
+        }
+    }
+}
+
+both_drivers!(processes_started_at_once_on_a_new_database_all_come_up);
+
 /// Claims read the partial index on queued jobs, so finished rows cost
 /// nothing. (SQLite only: it reads SQLite's EXPLAIN QUERY PLAN.)
 #[tokio::test]

@@ -1,5 +1,6 @@
 //! Background services of a broker process: the ttl purger (T-33, T-34),
-//! the rescuer of jobs whose worker lease expired, and (in servers) the
+//! the rescuer of jobs whose worker lease expired, the forgetting of gone
+//! workers and of signing keys no state may use, and (in servers) the
 //! sweeper of idle sessions.
 
 use std::time::Duration;
@@ -85,6 +86,9 @@ pub async fn run(broker: Broker, config: MaintenanceConfig, shutdown: Cancellati
                     Ok(0) => {}
                     Ok(n) => tracing::info!(workers = n, "forgot worker pools gone for a week"),
                     Err(e) => tracing::warn!(error = %e, "purging gone workers failed"),
+                }
+                if let Err(e) = broker.signing_keys().purge(now_ms()).await {
+                    tracing::warn!(error = %e, "purging old request-state keys failed");
                 }
             }
         }

@@ -4,6 +4,7 @@
 
 pub mod cursor;
 mod feed;
+pub mod keys;
 pub mod maintenance;
 mod open_tasks;
 pub mod records;
@@ -194,6 +195,8 @@ pub struct Broker {
     writer: Writer,
     /// Bounds of open tasks per requestor (T-38).
     open_tasks: Arc<OpenTasks>,
+    /// The keys shared by every broker on the database.
+    signing_keys: Arc<keys::SigningKeys>,
 }
 
 /// How often a waiting tasks/result looks for further requests of an
@@ -314,6 +317,7 @@ impl Broker {
         let shared = store.driver() == Driver::Postgres;
         Self {
             writer,
+            signing_keys: Arc::new(keys::SigningKeys::new(store.clone())),
             store,
             tools,
             feed,
@@ -334,6 +338,11 @@ impl Broker {
     /// The bearer tokens, for authentication and `taskbroker token`.
     pub fn tokens(&self) -> records::TokenRecords {
         records::TokenRecords::new(self.store.clone())
+    }
+    /// The keys that sign what clients carry between requests, shared by
+    /// every broker on the database.
+    pub fn signing_keys(&self) -> &keys::SigningKeys {
+        &self.signing_keys
     }
     /// A worker pool's rows and leases.
     pub fn pool_records(&self) -> records::PoolRecords {

@@ -35,7 +35,6 @@ pub use limits::{
     RateLimiter, Refusal, RequestLimits, Requestor, StreamCounter, hold_while_streaming,
 };
 pub use modern::headers::Presence as HeaderPresence;
-pub use modern::state::StateKey as RequestStates;
 pub use notify::{SessionStreams, spawn_status_notifier};
 pub use sessions::{Session, Sessions};
 pub use streams::Streams;
@@ -117,8 +116,6 @@ pub struct AppState {
     pub streams: Arc<Streams>,
     /// Requests sent to clients, awaiting answers.
     pub client_requests: Arc<ClientRequests>,
-    /// Signs the requestState of 2026-07-28 multi-round calls.
-    pub request_states: Arc<RequestStates>,
     /// Open GET streams, for task status notifications.
     pub session_streams: Arc<SessionStreams>,
     /// Request rates per requestor, and of initialize per address.

@@ -27,6 +27,7 @@
 mod batch;
 mod feed;
 mod jobs;
+mod keys;
 mod messages;
 mod metrics;
 mod migrate;

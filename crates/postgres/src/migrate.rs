@@ -98,15 +98,16 @@ pub(super) async fn check(url: &str, conn: &mut PgConnection) -> Result<(), Stor
     };
     let db = without_password(url);
     let schema = |reason: String| StoreError::Schema(format!("database {db}: {reason}"));
+    let not_migrated = |reason: String| StoreError::NotMigrated(format!("database {db}: {reason}"));
     match applied.map(i64::from) {
         Some(v) if v == known => Ok(()),
         Some(v) if v > known => Err(schema(format!(
             "its schema (version {v}) is newer than this taskbroker knows ({known}) (upgrade taskbroker)"
         ))),
-        Some(v) => Err(schema(format!(
+        Some(v) => Err(not_migrated(format!(
             "its schema (version {v}) is older than this taskbroker's ({known}) (run 'taskbroker migrate --db {db}', or start 'taskbroker serve --db {db}' once)"
         ))),
-        None => Err(schema(format!(
+        None => Err(not_migrated(format!(
             "it has no taskbroker schema yet (run 'taskbroker migrate --db {db}', or start 'taskbroker serve --db {db}' once)"
         ))),
     }

@@ -1194,7 +1194,7 @@ async fn open_existing_refuses_an_unmigrated_database() {
         .await
         .expect_err("no schema");
     let text = error.to_string();
-    assert!(matches!(error, StoreError::Schema(_)), "{text}");
+    assert!(matches!(error, StoreError::NotMigrated(_)), "{text}");
     assert!(text.contains("it has no taskbroker schema yet"), "{text}");
     assert!(
         text.contains(&format!("taskbroker migrate --db {}", db.url)),

@@ -12,6 +12,7 @@
 mod batch;
 mod feed;
 mod jobs;
+mod keys;
 mod messages;
 mod metrics;
 mod migrate;
@@ -137,19 +138,28 @@ impl SqliteStore {
     pub async fn open_existing(path: &Path, durability: Durability) -> Result<Self, StoreError> {
         check_path(path)?;
         if !path.exists() {
-            return Err(open_error(
-                path,
-                format!(
-                    "does not exist (create it with 'taskbroker migrate --db {}', or start 'taskbroker serve --db {}' once)",
-                    path.display(),
-                    path.display()
-                ),
-            ));
+            return Err(StoreError::NotMigrated(format!(
+                "database {}: does not exist (create it with 'taskbroker migrate --db {}', or start 'taskbroker serve --db {}' once)",
+                path.display(),
+                path.display(),
+                path.display()
+            )));
         }
         let options = connect_options(path, durability).create_if_missing(false);
         let mut conn = sqlx::SqliteConnection::connect_with(&options)
             .await
-            .map_err(|e| open_failed(path, &e))?;
+            .map_err(|e| {
+                // A file another process is creating right now (switching it
+                // to WAL) is locked for longer than a busy wait covers.
+                if e.to_string().contains("database is locked") {
+                    StoreError::NotMigrated(format!(
+                        "database {}: locked by another process creating it",
+                        path.display()
+                    ))
+                } else {
+                    open_failed(path, &e)
+                }
+            })?;
         migrate::check(path, &mut conn).await?;
         conn.close().await?;
         Self::connect(path, options).await

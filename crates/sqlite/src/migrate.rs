@@ -96,60 +96,76 @@ pub(super) async fn check(path: &Path, conn: &mut SqliteConnection) -> Result<()
     };
     let db = path.display();
     let schema = |reason: String| StoreError::Schema(format!("database {db}: {reason}"));
+    let not_migrated = |reason: String| StoreError::NotMigrated(format!("database {db}: {reason}"));
     match applied {
         Some(v) if v == known => Ok(()),
         Some(v) if v > known => Err(schema(format!(
             "its schema (version {v}) is newer than this taskbroker knows ({known}) (upgrade taskbroker)"
         ))),
-        Some(v) => Err(schema(format!(
+        Some(v) => Err(not_migrated(format!(
             "its schema (version {v}) is older than this taskbroker's ({known}) (run 'taskbroker migrate --db {db}', or start 'taskbroker serve --db {db}' once)"
         ))),
-        None => Err(schema(format!(
+        None => Err(not_migrated(format!(
             "it has no taskbroker schema yet (run 'taskbroker migrate --db {db}', or start 'taskbroker serve --db {db}' once)"
         ))),
     }
 }
 
+/// How long a process keeps retrying a migration that another process
+/// applying the same migrations at once makes fail.
+const RACE_DEADLINE: std::time::Duration = std::time::Duration::from_secs(60);
+
 /// Apply every pending migration; returns how many were applied.
 ///
-/// Two processes starting on a fresh file may race to apply the same
-/// migration: the loser's transaction fails, and a retry then finds the
-/// migration applied.
+/// Processes starting at once on a fresh file race to apply the same
+/// migrations: the loser's connection or transaction fails (locked, a
+/// table that already exists, a history row taken), and it retries until
+/// the winner is done and nothing is left to apply, for up to
+/// [`RACE_DEADLINE`].
 pub(super) async fn run(path: &Path, options: &SqliteConnectOptions) -> Result<usize, StoreError> {
-    let mut last_error = String::new();
-    for attempt in 0..5u64 {
-        if attempt > 0 {
-            tokio::time::sleep(std::time::Duration::from_millis(50 * attempt)).await;
+    let deadline = tokio::time::Instant::now() + RACE_DEADLINE;
+    let mut attempt = 0u64;
+    loop {
+        let error = match try_run(path, options).await {
+            Ok(applied) => return Ok(applied),
+            Err(e) => e,
+        };
+        // A file that can never be a database is not worth another try.
+        let hopeless = ["file is not a database", "unable to open", "readonly"]
+            .iter()
+            .any(|t| error.contains(t));
+        if hopeless {
+            return Err(super::open_failed(path, &error));
         }
-        let conn = SqliteConnection::connect_with(options)
-            .await
-            .map_err(|e| super::open_failed(path, &e))?;
-        let mut conn = SqlxMigrationConn(conn);
-        match migrations::runner().run_async(&mut conn).await {
-            Ok(report) => {
-                let applied = report.applied_migrations();
-                if let (Some(first), Some(last)) = (applied.first(), applied.last()) {
-                    tracing::info!(db = %path.display(), applied = applied.len(),
-                                   from = first.version() - 1, to = last.version(),
-                                   "database schema migrated");
-                }
-                conn.0.close().await?;
-                return Ok(applied.len());
-            }
-            Err(e) => {
-                last_error = e.to_string();
-                // Another process migrating the same file at once makes
-                // this one fail (locked, a table that already exists, a
-                // history row taken): worth another try. A file that can
-                // never be a database is not.
-                let hopeless = ["file is not a database", "unable to open", "readonly"]
-                    .iter()
-                    .any(|t| last_error.contains(t));
-                if hopeless {
-                    return Err(super::open_failed(path, &last_error));
-                }
-            }
+        attempt += 1;
+        if tokio::time::Instant::now() >= deadline {
+            return Err(StoreError::Migrate(format!(
+                "{error} (still failing after {attempt} attempts in {} s)",
+                RACE_DEADLINE.as_secs()
+            )));
         }
+        tracing::debug!(db = %path.display(), attempt, error = %error,
+                        "migration raced another process; retrying");
+        tokio::time::sleep(std::time::Duration::from_millis(20 * attempt.min(10))).await;
     }
-    Err(StoreError::Migrate(last_error))
+}
+
+/// One attempt of [`run`]; the error as text.
+async fn try_run(path: &Path, options: &SqliteConnectOptions) -> Result<usize, String> {
+    let conn = SqliteConnection::connect_with(options)
+        .await
+        .map_err(|e| e.to_string())?;
+    let mut conn = SqlxMigrationConn(conn);
+    let report = migrations::runner()
+        .run_async(&mut conn)
+        .await
+        .map_err(|e| e.to_string())?;
+    let applied = report.applied_migrations();
+    if let (Some(first), Some(last)) = (applied.first(), applied.last()) {
+        tracing::info!(db = %path.display(), applied = applied.len(),
+                       from = first.version() - 1, to = last.version(),
+                       "database schema migrated");
+    }
+    conn.0.close().await.map_err(|e| e.to_string())?;
+    Ok(applied.len())
 }

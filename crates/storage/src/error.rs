@@ -20,9 +20,14 @@ pub enum StoreError {
     /// A group commit failed as a whole: this write was not committed.
     #[error("the group commit failed: {0}")]
     Batch(String),
-    /// The database's schema is not the one this build knows.
+    /// The database's schema is newer than the one this build knows.
     #[error("{0}")]
     Schema(String),
+    /// The database does not exist yet, or has no schema or an older one:
+    /// `taskbroker migrate` (or a starting broker) brings it up to date,
+    /// so a process that may wait for one (a worker) does.
+    #[error("{0}")]
+    NotMigrated(String),
     /// The database cannot be used at all: a path that names a directory,
     /// a file that is not a database, a server that refuses us...
     #[error("database {path}: {reason}")]

@@ -1,7 +1,7 @@
 //! taskbroker's storage interface.
 //!
 //! Every driver (SQLite, PostgreSQL) implements [`Storage`]: one trait per
-//! entity (tasks, jobs, messages, sessions, tokens, workers), plus the
+//! entity (tasks, jobs, messages, sessions, tokens, workers, keys), plus the
 //! group commit ([`Storage::write_batch`]) and a change signal
 //! ([`Storage::change_feed`]). Methods are entity then verb, take `now` as
 //! a parameter (callers own the clock), and speak the plain values of
@@ -354,6 +354,26 @@ pub trait WorkerStore {
     async fn worker_purge_gone(&self, before: i64) -> Result<u64, StoreError>;
 }
 
+/// Secrets shared by every process on the database: the keys that sign
+/// the `requestState` of MCP 2026-07-28 multi-round calls, one per
+/// rotation period (`epoch`).
+#[async_trait]
+pub trait KeyStore {
+    /// The key of `epoch`: the stored one, or `candidate` stored now when
+    /// there was none (of processes asking at once, one wins; all get the
+    /// winner).
+    async fn request_state_key_get_or_create(
+        &self,
+        epoch: i64,
+        candidate: &[u8],
+        now: i64,
+    ) -> Result<Vec<u8>, StoreError>;
+    /// The key of `epoch`, when some process made one.
+    async fn request_state_key_get(&self, epoch: i64) -> Result<Option<Vec<u8>>, StoreError>;
+    /// Delete the keys of epochs before `before_epoch`.
+    async fn request_state_key_purge(&self, before_epoch: i64) -> Result<u64, StoreError>;
+}
+
 /// One database, whatever the driver.
 #[async_trait]
 pub trait Storage:
@@ -363,6 +383,7 @@ pub trait Storage:
     + SessionStore
     + TokenStore
     + WorkerStore
+    + KeyStore
     + OpsStore
     + MetricsStore
     + fmt::Debug

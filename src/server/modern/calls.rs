@@ -14,8 +14,11 @@ use serde_json::{Map, Value, json};
 use tokio::sync::{mpsc, oneshot};
 use tokio_util::sync::CancellationToken;
 
+use super::state::{self as request_state, StateError};
 use super::{Refusal, Request, tasks};
 use crate::broker::Caller;
+use crate::broker::keys::KeyError;
+use crate::clock::now_ms;
 use crate::mcp::{self, RpcError, modern};
 use crate::server::AppState;
 use crate::server::dispatch::StreamItem;
@@ -71,7 +74,7 @@ async fn start(state: &AppState, request: &Request<'_>) -> Result<Answer, Refusa
         )))
     })?;
     let target = format!("tools/call:{}", p.name);
-    let answers = answers_so_far(state, &target, &p)?;
+    let answers = answers_so_far(state, &target, &p).await?;
     let arguments = Value::Object(p.arguments.unwrap_or_default());
     let support = tool.definition().task_support;
     let envelope = &request.envelope;
@@ -104,17 +107,14 @@ async fn start(state: &AppState, request: &Request<'_>) -> Result<Answer, Refusa
 
 /// The answers of earlier rounds (from a verified `requestState`) with this
 /// round's `inputResponses` over them.
-fn answers_so_far(
+async fn answers_so_far(
     state: &AppState,
     target: &str,
     p: &CallParams,
 ) -> Result<Map<String, Value>, Refusal> {
     let mut answers = match &p.request_state {
         None | Some(Value::Null) => Map::new(),
-        Some(Value::String(s)) => state
-            .request_states
-            .open(target, s)
-            .map_err(|e| Refusal::rpc(RpcError::invalid_params(e.to_string())))?,
+        Some(Value::String(s)) => open_state(state, target, s).await?,
         Some(_) => {
             return Err(Refusal::rpc(RpcError::invalid_params(
                 "Invalid params: requestState must be the string a previous result gave",
@@ -221,9 +221,9 @@ async fn create_task(
                     )));
                 }
             }
-            return Ok(Answer::Now(Ok(input_required(
-                state, target, requests, answers,
-            ))));
+            return Ok(Answer::Now(
+                input_required(state, target, requests, answers).await,
+            ));
         }
     };
     let Value::Object(arguments) = arguments else {
@@ -257,18 +257,53 @@ async fn create_task(
     }
 }
 
+/// The answers a client's `requestState` carries, checked with the key of
+/// its period.
+async fn open_state(
+    state: &AppState,
+    target: &str,
+    request_state: &str,
+) -> Result<Map<String, Value>, Refusal> {
+    let invalid = |e: StateError| Refusal::rpc(RpcError::invalid_params(e.to_string()));
+    let epoch = request_state::epoch(request_state).map_err(invalid)?;
+    let key = match state.broker.signing_keys().for_epoch(epoch, now_ms()).await {
+        Ok(key) => key,
+        Err(KeyError::Expired(hours)) => {
+            return Err(invalid(StateError::Expired(format!(
+                "request states are accepted for {hours} to {} hours",
+                2 * hours
+            ))));
+        }
+        Err(e) => return Err(key_failure(e)),
+    };
+    request_state::open(&key, target, request_state).map_err(invalid)
+}
+
+/// -32603 when no key can be read or made (the database is down): the
+/// client may retry the same request.
+fn key_failure(e: KeyError) -> Refusal {
+    tracing::error!(error = %e, "request-state key unavailable");
+    Refusal::rpc(RpcError::internal())
+}
+
 /// `{resultType: "input_required", inputRequests, requestState}`.
-fn input_required(
+async fn input_required(
     state: &AppState,
     target: &str,
     requests: Map<String, Value>,
     answers: &Map<String, Value>,
-) -> Value {
-    let request_state = state.request_states.sign(target, answers);
-    modern::with_result_type(
+) -> Result<Value, Refusal> {
+    let key = state
+        .broker
+        .signing_keys()
+        .current(now_ms())
+        .await
+        .map_err(key_failure)?;
+    let request_state = request_state::sign(&key, target, answers);
+    Ok(modern::with_result_type(
         json!({ "inputRequests": requests, "requestState": request_state }),
         "input_required",
-    )
+    ))
 }
 
 fn outcome_result(outcome: ToolOutcome) -> Result<Value, Refusal> {
@@ -345,7 +380,7 @@ fn run_plain(
                 _ = &mut gather, if !asked.is_empty() => {
                     tracing::info!(tool = %name, asked = asked.len(), "plain call needs input: input_required");
                     drop(parked);
-                    return Ok(input_required(&state, &target, asked, &used));
+                    return input_required(&state, &target, asked, &used).await;
                 }
             }
         }
