@@ -913,6 +913,10 @@ async fn issue16_task_lifecycle_with_the_extension(driver: Driver) {
     let done = m.wait_status(&id, "completed").await;
     assert_eq!(done["resultType"], "complete");
     assert_eq!(done["result"]["content"][0]["text"], "slept 1 s", "{done}");
+    assert_eq!(
+        done["result"]["resultType"], "complete",
+        "the inline result is a 2026-07-28 CallToolResult: {done}"
+    );
     assert!(
         done["result"]["_meta"].get(RELATED).is_none(),
         "no related-task _meta in the result: {done}"
@@ -927,6 +931,7 @@ async fn issue16_task_lifecycle_with_the_extension(driver: Driver) {
         .await;
     assert_eq!(failed["status"], "completed", "{failed}");
     assert_eq!(failed["result"]["isError"], true, "{failed}");
+    assert_eq!(failed["result"]["resultType"], "complete", "{failed}");
     assert!(failed.get("error").is_none(), "{failed}");
 
     // Without the extension: a plain result.

@@ -51,7 +51,7 @@ pub fn detailed(detail: &TaskDetail) -> Value {
         TaskResult::Result(result) => {
             // A tool that reported an error still completed (SEP-2663).
             status = TaskStatus::Completed;
-            inline.insert("result".into(), result.clone());
+            inline.insert("result".into(), inline_result(result));
         }
         TaskResult::Error(error) => {
             inline.insert("error".into(), error.clone());
@@ -69,6 +69,18 @@ pub fn detailed(detail: &TaskDetail) -> Value {
     }
     obj.extend(inline);
     modern::complete(Value::Object(obj))
+}
+
+/// The `result` of a completed task: the result the original request
+/// would have answered, a 2026-07-28 CallToolResult, so with its
+/// `resultType: "complete"` (clients that validate it as one, such as the
+/// TypeScript ext-tasks package, refuse it without).
+fn inline_result(result: &Value) -> Value {
+    let mut result = result.clone();
+    if let Value::Object(obj) = &mut result {
+        obj.entry("resultType").or_insert_with(|| json!("complete"));
+    }
+    result
 }
 
 /// Open requests by key (the request id): `{method, params}`, without the
