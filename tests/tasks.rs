@@ -243,7 +243,18 @@ async fn t20_t21_t22_cancel_is_immediate_final_and_stops_the_work() {
     let mut c = server.client().await;
     let t = c.call_task("sleep", json!({"seconds": 3})).await;
     let id = t["taskId"].as_str().unwrap();
-    tokio::time::sleep(Duration::from_millis(300)).await;
+    // Cancelled while its job runs (T-22 is about stopping the work): the
+    // worker says when it starts it, at the machine's pace.
+    let started = format!("job started task_id={id}");
+    let deadline = Instant::now() + Duration::from_secs(20);
+    while !server.log().contains(&started) {
+        assert!(
+            Instant::now() < deadline,
+            "job never started: {}",
+            server.log()
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
     // T-21: cancelled in the response itself.
     let cancelled = c.ok("tasks/cancel", json!({"taskId": id})).await;
     assert_task_shape(&cancelled);
