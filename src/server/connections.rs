@@ -43,7 +43,7 @@ use axum::extract::ConnectInfo;
 use axum::http::Request;
 use hyper::body::{Frame, Incoming, SizeHint};
 use hyper_util::rt::TokioIo;
-use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt, ReadBuf};
+use tokio::io::{AsyncRead, AsyncWrite, AsyncWriteExt, ReadBuf};
 use tokio::net::{TcpListener, TcpStream};
 use tokio::sync::{OwnedSemaphorePermit, Semaphore, watch};
 use tokio::time::Instant;
@@ -188,27 +188,36 @@ async fn linger(mut tcp: TcpStream, limits: Linger, stopping: &CancellationToken
         return;
     }
     let deadline = Instant::now() + limits.time;
-    let mut buf = vec![0u8; 64 * 1024];
     let mut thrown: u64 = 0;
     loop {
-        let read = tokio::select! {
+        let ready = tokio::select! {
             () = stopping.cancelled() => return,
-            read = tokio::time::timeout_at(deadline, tcp.read(&mut buf)) => read,
+            ready = tokio::time::timeout_at(deadline, tcp.readable()) => ready,
         };
-        match read {
-            Ok(Ok(0)) | Ok(Err(_)) => return,
-            Ok(Ok(n)) => {
-                thrown += n as u64;
-                if thrown > limits.bytes {
-                    tracing::debug!(
-                        thrown,
-                        "lingering connection reset: it sent more than --linger-bytes"
-                    );
-                    return;
-                }
-            }
+        match ready {
+            Ok(Ok(())) => {}
+            Ok(Err(_)) => return,
             Err(_) => {
                 tracing::debug!(thrown, "lingering connection closed: --linger-time passed");
+                return;
+            }
+        }
+        // On the stack between waits, so that thousands of lingering
+        // connections hold no buffers; 16 reads at most before the next
+        // wait, which lets other tasks run.
+        let mut buf = [0u8; 16 * 1024];
+        for _ in 0..16 {
+            match tcp.try_read(&mut buf) {
+                Ok(0) => return,
+                Ok(n) => thrown += n as u64,
+                Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => break,
+                Err(_) => return,
+            }
+            if thrown > limits.bytes {
+                tracing::debug!(
+                    thrown,
+                    "lingering connection reset: it sent more than --linger-bytes"
+                );
                 return;
             }
         }
