@@ -62,13 +62,14 @@ async fn issue14_half_open_headers_are_closed_within_the_header_timeout() {
         held.push(tcp);
     }
     let readers = held.into_iter().map(|mut tcp| {
-        tokio::spawn(async move { read_until_closed(&mut tcp, Duration::from_secs(5)).await })
+        tokio::spawn(async move { read_until_closed(&mut tcp, Duration::from_secs(15)).await })
     });
+    // A margin for a slow machine, far below the idle timeout (30 s).
     for reader in readers {
         let (_, closed) = reader.await.unwrap();
-        let closed = closed.expect("a half-open connection still held after 5 s");
+        let closed = closed.expect("a half-open connection still held after 15 s");
         let after = closed - started;
-        assert!(after < Duration::from_secs(4), "closed after {after:?}");
+        assert!(after < Duration::from_secs(10), "closed after {after:?}");
     }
     // The broker still serves.
     server.client().await.ok("ping", json!({})).await;
@@ -88,13 +89,13 @@ async fn issue14_a_stalled_body_is_answered_408_within_the_body_timeout() {
     );
     tcp.write_all(head.as_bytes()).await.unwrap();
     tcp.write_all(b"{\"jsonrpc\"").await.unwrap();
-    let (answer, closed) = read_until_closed(&mut tcp, Duration::from_secs(5)).await;
+    let (answer, closed) = read_until_closed(&mut tcp, Duration::from_secs(15)).await;
     assert!(answer.starts_with("HTTP/1.1 408"), "{answer}");
     assert!(answer.contains("--body-timeout"), "{answer}");
     let closed = closed.expect("connection still open after the 408");
     let after = closed - started;
     assert!(
-        after >= Duration::from_millis(900) && after < Duration::from_secs(3),
+        after >= Duration::from_millis(900) && after < Duration::from_secs(10),
         "answered after {after:?}"
     );
 }
@@ -119,10 +120,12 @@ async fn issue14_connections_beyond_the_cap_are_refused_at_once_while_a_client_i
     // the 21st, it holds the 20.
     let mut extra = TcpStream::connect(&addr).await.unwrap();
     let started = Instant::now();
-    let (answer, closed) = read_until_closed(&mut extra, Duration::from_secs(5)).await;
+    let (answer, closed) = read_until_closed(&mut extra, Duration::from_secs(15)).await;
     let closed = closed.expect("the 21st connection was held, not refused");
+    // At once: a margin for a slow machine, far below the header timeout
+    // (60 s) a held connection would get.
     assert!(
-        closed - started < Duration::from_secs(1),
+        closed - started < Duration::from_secs(5),
         "refused after {:?}",
         closed - started
     );
@@ -217,10 +220,10 @@ async fn issue14_an_idle_keep_alive_connection_is_closed_after_the_idle_timeout(
         "{answer}"
     );
     let idle_since = Instant::now();
-    let (_, closed) = read_until_closed(&mut tcp, Duration::from_secs(5)).await;
-    let after = closed.expect("idle connection still open after 5 s") - idle_since;
+    let (_, closed) = read_until_closed(&mut tcp, Duration::from_secs(15)).await;
+    let after = closed.expect("idle connection still open after 15 s") - idle_since;
     assert!(
-        after >= Duration::from_millis(1800) && after < Duration::from_secs(4),
+        after >= Duration::from_millis(1800) && after < Duration::from_secs(10),
         "closed after {after:?}"
     );
 }
