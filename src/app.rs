@@ -11,7 +11,7 @@ use tokio_util::sync::CancellationToken;
 
 use crate::broker::{Broker, BrokerConfig, Feed, Writer, maintenance};
 use crate::defaults;
-use crate::server::connections::Deadlines;
+use crate::server::connections::{Deadlines, Linger};
 use crate::server::{
     AppState, Audit, ClientRequests, RateLimiter, RequestLimits, ServerConfig, SessionStreams,
     Sessions, StreamCounter, Streams, spawn_status_notifier,
@@ -264,6 +264,10 @@ pub async fn serve(config: ServeConfig) -> anyhow::Result<()> {
         Deadlines {
             header: config.server.header_timeout,
             idle: config.server.idle_timeout,
+        },
+        Linger {
+            time: config.server.linger_time,
+            bytes: config.server.linger_bytes,
         },
         stopping.clone(),
     );

@@ -118,6 +118,11 @@ pub struct ServerSection {
     pub idle_timeout: Option<Spanned<DurationValue>>,
     /// Open connections at most.
     pub max_connections: Option<u32>,
+    /// How long a closing connection's further bytes are read and thrown
+    /// away.
+    pub linger_time: Option<Spanned<DurationValue>>,
+    /// How many bytes of a closing connection are read and thrown away.
+    pub linger_bytes: Option<u64>,
     /// Refuse 2026-07-28 requests lacking any header the spec requires.
     pub strict_headers: Option<bool>,
 }

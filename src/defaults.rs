@@ -101,6 +101,16 @@ pub const BODY_TIMEOUT: Duration = Duration::from_secs(30);
 /// suggested [`POLL_INTERVAL`] many times over, so a polling client keeps
 /// its connection; an open SSE response is never idle.
 pub const IDLE_TIMEOUT: Duration = Duration::from_secs(60);
+/// After its last answer (a refusal that left a body unread, say), the
+/// broker reads and throws away what a client still sends for at most this
+/// long before closing, so that a client that writes its whole body before
+/// reading gets the answer instead of a reset. 16 MiB on a 20 Mbit/s link
+/// take ~7 s.
+pub const LINGER_TIME: Duration = Duration::from_secs(10);
+/// ... and at most this many bytes: a body four times the size the issue
+/// was reported with (16 MiB), sixteen times [`MAX_BODY`]. Beyond, the
+/// connection is reset: nobody makes the broker read without end.
+pub const LINGER_BYTES: u64 = 64 * 1024 * 1024;
 /// Open connections at most; beyond, a new one is refused at once (503).
 /// Half of the 20,000 descriptors of a usual service limit: the other half
 /// covers SQLite (the file, its WAL and shm per pooled connection), command

@@ -201,6 +201,16 @@ struct ServeArgs {
     /// with 503 [default: 10000].
     #[arg(long, env = "TASKBROKER_MAX_CONNECTIONS", value_parser = clap::value_parser!(u32).range(1..=1_000_000))]
     max_connections: Option<u32>,
+    /// After its last answer on a connection (a refusal that left the body
+    /// unread, say), seconds the broker reads and throws away what the
+    /// client still sends, so that a client writing its whole body before
+    /// reading gets the answer instead of a reset [default: 10].
+    #[arg(long, env = "TASKBROKER_LINGER_TIME", value_parser = positive_secs)]
+    linger_time: Option<f64>,
+    /// Bytes read and thrown away so, at most; beyond, the connection is
+    /// closed [default: 67108864].
+    #[arg(long, env = "TASKBROKER_LINGER_BYTES")]
+    linger_bytes: Option<u64>,
     /// Refuse MCP 2026-07-28 requests that lack any header the spec requires
     /// (Mcp-Name on tasks/*, Mcp-Param-*), for deployments behind gateways
     /// that route on headers; by default only a header that disagrees with
@@ -402,6 +412,14 @@ impl ServeArgs {
                 defaults::IDLE_TIMEOUT,
             )?,
         )?;
+        let linger_time = positive_setting(
+            "linger_time",
+            setting(
+                self.linger_time.map(Duration::from_secs_f64),
+                &[&s.linger_time],
+                defaults::LINGER_TIME,
+            )?,
+        )?;
         let mut allowed_origins = s.allowed_origins.clone().unwrap_or_default();
         allowed_origins.extend(self.allowed_origins);
         Ok(ServeConfig {
@@ -470,6 +488,11 @@ impl ServeArgs {
                     .or(s.max_connections)
                     .unwrap_or(defaults::MAX_CONNECTIONS)
                     .max(1),
+                linger_time,
+                linger_bytes: self
+                    .linger_bytes
+                    .or(s.linger_bytes)
+                    .unwrap_or(defaults::LINGER_BYTES),
                 header_presence: if self.strict_headers || s.strict_headers.unwrap_or(false) {
                     HeaderPresence::Strict
                 } else {

@@ -296,7 +296,12 @@ async fn t23_notifications_cancelled_stops_a_plain_call(driver: Driver) {
     let (_, m) = sse.next_message().await.unwrap();
     assert_eq!(m["id"], id);
     assert_eq!(m["error"]["code"], -32800);
-    assert!(started.elapsed() < Duration::from_secs(2));
+    // Stopped, not run out: well before the call's 30 s.
+    assert!(
+        started.elapsed() < Duration::from_secs(10),
+        "{:?}",
+        started.elapsed()
+    );
 }
 
 both_drivers!(t23_notifications_cancelled_stops_a_plain_call);

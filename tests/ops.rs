@@ -466,21 +466,28 @@ async fn issue17_backup_copies_a_running_sqlite_broker() {
 
     // Tasks keep coming while the backup runs.
     let stop = tokio_util::sync::CancellationToken::new();
+    let created = std::sync::Arc::new(std::sync::atomic::AtomicUsize::new(0));
     let writer = {
         let stop = stop.clone();
+        let created = created.clone();
         let url = server.url.clone();
         let mut busy = Client::new(&url);
         tokio::spawn(async move {
             busy.initialize().await;
-            let mut created = 0;
             while !stop.is_cancelled() {
                 busy.call_task("sleep", json!({ "seconds": 0 })).await;
-                created += 1;
+                created.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
             }
-            created
         })
     };
-    tokio::time::sleep(Duration::from_millis(300)).await;
+    // Until the writer is under way, at the machine's pace.
+    let count = || created.load(std::sync::atomic::Ordering::SeqCst);
+    let deadline = Instant::now() + Duration::from_secs(30);
+    while count() == 0 {
+        assert!(Instant::now() < deadline, "no task created in 30 s");
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    let before_backup = count();
     let dir = tempfile::tempdir().unwrap();
     let copy = dir.path().join("copy.db");
     let copy_arg = copy.to_str().unwrap().to_owned();
@@ -491,10 +498,16 @@ async fn issue17_backup_copies_a_running_sqlite_broker() {
         .output()
         .await
         .unwrap();
-    tokio::time::sleep(Duration::from_millis(300)).await;
+    // And goes on after it: the backup held no lock that stopped writes.
+    while count() == before_backup {
+        assert!(
+            Instant::now() < deadline,
+            "no task created after the backup"
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
     stop.cancel();
-    let created = writer.await.unwrap();
-    assert!(created > 0, "tasks were created during the backup");
+    writer.await.unwrap();
     assert!(
         out.status.success(),
         "{}",

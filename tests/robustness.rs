@@ -87,6 +87,7 @@ async fn h8_random_hostile_input_never_breaks_the_server_or_the_database() {
         "nope",
     ];
     let mut rng = Rng(0x9e37_79b9_7f4a_7c15);
+    let mut streamed = 0;
     for i in 0..400 {
         let method = *rng.pick(&methods);
         let mut params = random_value(&mut rng, 0);
@@ -116,13 +117,17 @@ async fn h8_random_hostile_input_never_breaks_the_server_or_the_database() {
             raw.body
         );
         if raw.status != 202 && raw.status != 200 || !raw.body.is_empty() {
-            let v = raw.json();
+            // JSON or SSE: a tasks/result of the task while it still runs
+            // (a slow machine), or a call, is answered with a stream.
+            streamed += usize::from(raw.is_sse());
+            let v = raw.response();
             assert!(
                 v.get("result").is_some() || v["error"]["code"].is_i64(),
                 "{body} -> {v}"
             );
         }
     }
+    eprintln!("h8: {streamed} of 400 answers came as SSE streams");
     assert_eq!(c.ok("ping", json!({})).await, json!({}));
     c.ok("tasks/get", json!({"taskId": real["taskId"]})).await;
     let db = SqlitePool::connect_with(
@@ -138,6 +143,33 @@ async fn h8_random_hostile_input_never_breaks_the_server_or_the_database() {
         .unwrap();
     assert_eq!(check, "ok");
     assert!(!server.log().contains("panicked"), "a panic in the log");
+}
+
+/// Issue item 5: the broker may answer a POST with JSON or with an SSE
+/// stream (`tasks/result` of a task still running streams; once it has
+/// ended, JSON). The tests' client reads the same response from both, so a
+/// test like the one above does not depend on how fast the task ran.
+#[tokio::test]
+async fn item5_the_test_client_reads_the_response_from_json_and_from_sse_alike() {
+    let server = Server::start(&[]);
+    let mut c = server.client().await;
+    let task = c.call_task("sleep", json!({"seconds": 3})).await;
+    let request = json!({"jsonrpc": "2.0", "id": 7, "method": "tasks/result",
+                         "params": {"taskId": task["taskId"]}});
+    // 3 s: still running when asked, however slow the machine.
+    let streamed = c.post_raw(c.headers(), request.to_string()).await;
+    assert!(
+        streamed.is_sse(),
+        "a running task's result streams: {streamed:?}"
+    );
+    let from_sse = streamed.response_to(&json!(7));
+    assert_eq!(
+        from_sse["result"]["content"][0]["text"], "slept 3 s",
+        "{from_sse}"
+    );
+    let plain = c.post_raw(c.headers(), request.to_string()).await;
+    assert!(!plain.is_sse(), "an ended task's result is JSON: {plain:?}");
+    assert_eq!(plain.response_to(&json!(7)), from_sse);
 }
 
 #[test]
@@ -251,7 +283,7 @@ async fn h8_any_byte_string_as_a_body_gets_an_error_with_a_body() {
             String::from_utf8_lossy(&body)
         );
         if raw.status != 202 {
-            let v = raw.json();
+            let v = raw.response();
             assert!(
                 v.get("result").is_some() || v["error"]["code"].is_i64(),
                 "no JSON-RPC answer for {:?}: {v}",

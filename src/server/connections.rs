@@ -16,6 +16,19 @@
 //! - a request in flight (up to the last byte of its response, an SSE
 //!   stream included) has no deadline here: its body has one in the
 //!   handler, its response none.
+//!
+//! When the broker ends a connection after answering (a refusal that left
+//! the body unread: 413, 408, 401, 431 and the like, or the 503 of a
+//! connection beyond the cap), it does not close the socket at once: the
+//! client may still be writing the body it was refused, and a close with
+//! unread data makes the kernel reset the connection, so a client that
+//! sends its whole body before reading (most libraries without `Expect:
+//! 100-continue`) sees a broken pipe instead of the answer. Like Apache's
+//! and nginx's lingering close, [`linger`] shuts the sending side (the
+//! client reads the answer, then end of stream) and reads and throws away
+//! what still comes, up to [`Linger::bytes`] within [`Linger::time`]; then
+//! the socket is closed whatever the client does. Connections closed by a
+//! deadline above do not linger: their clients are silent.
 
 use std::convert::Infallible;
 use std::net::SocketAddr;
@@ -30,7 +43,7 @@ use axum::extract::ConnectInfo;
 use axum::http::Request;
 use hyper::body::{Frame, Incoming, SizeHint};
 use hyper_util::rt::TokioIo;
-use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
+use tokio::io::{AsyncRead, AsyncWrite, AsyncWriteExt, ReadBuf};
 use tokio::net::{TcpListener, TcpStream};
 use tokio::sync::{OwnedSemaphorePermit, Semaphore, watch};
 use tokio::time::Instant;
@@ -47,16 +60,44 @@ pub struct Deadlines {
     pub idle: Duration,
 }
 
-/// Answer of a connection beyond the cap, written once without waiting.
-const REFUSAL: &[u8] = b"HTTP/1.1 503 Service Unavailable\r\n\
-connection: close\r\nretry-after: 1\r\ncontent-type: text/plain\r\ncontent-length: 51
+/// How much of what a client still sends after the broker's last answer
+/// is read and thrown away before the socket is closed (see the module's
+/// docs).
+#[derive(Debug, Clone, Copy)]
+pub struct Linger {
+    /// From the answer's end to the close, at most.
+    pub time: Duration,
+    /// Bytes read and thrown away, at most; beyond, the socket is closed
+    /// (reset) at once.
+    pub bytes: u64,
+}
 
-\
-Service Unavailable: too many connections; retry.
-";
+/// Answer of a connection beyond the cap: a JSON-RPC error, as the
+/// handler's refusals.
+fn refusal() -> Bytes {
+    let body = serde_json::json!({
+        "jsonrpc": "2.0",
+        "id": null,
+        "error": {
+            "code": -32000,
+            "message": "Service Unavailable: too many connections (--max-connections); retry",
+        },
+    })
+    .to_string();
+    Bytes::from(format!(
+        "HTTP/1.1 503 Service Unavailable\r\nconnection: close\r\nretry-after: 1\r\n\
+         content-type: application/json\r\ncontent-length: {}\r\n\r\n{body}",
+        body.len()
+    ))
+}
 
 /// How often at most a refusal is logged as a warning (the others: debug).
 const REFUSAL_LOG_EVERY: Duration = Duration::from_secs(10);
+
+/// Connections beyond the cap that may linger at once (their 503 sent,
+/// their requests read and thrown away); beyond, a refused connection is
+/// closed at once. Few, as each holds a descriptor outside the cap.
+pub const LINGERING_REFUSALS: usize = 64;
 
 /// Serve `router` on `listener` until `stopping`, then wait for the open
 /// connections to finish their requests (the caller bounds that wait).
@@ -65,11 +106,14 @@ pub async fn serve(
     router: Router,
     max_connections: u32,
     deadlines: Deadlines,
+    linger: Linger,
     stopping: CancellationToken,
 ) {
     // One permit per open connection: refusing needs no lock, and the
     // drain at shutdown is taking them all back.
     let permits = Arc::new(Semaphore::new(max_connections as usize));
+    let refusals = Arc::new(Semaphore::new(LINGERING_REFUSALS));
+    let refusal = refusal();
     let mut last_warning: Option<Instant> = None;
     loop {
         let (tcp, peer) = tokio::select! {
@@ -84,8 +128,16 @@ pub async fn serve(
         };
         let Ok(permit) = permits.clone().try_acquire_owned() else {
             // Refused at once, not queued: a queue would hold the
-            // descriptor the cap is there to save.
-            let _ = tcp.try_write(REFUSAL);
+            // descriptor the cap is there to save. A few linger, so that
+            // their clients read the 503 rather than a reset.
+            match refusals.clone().try_acquire_owned() {
+                Ok(held) => {
+                    tokio::spawn(refuse(tcp, refusal.clone(), linger, stopping.clone(), held));
+                }
+                Err(_) => {
+                    let _ = tcp.try_write(&refusal);
+                }
+            }
             if last_warning.is_none_or(|t| t.elapsed() >= REFUSAL_LOG_EVERY) {
                 last_warning = Some(Instant::now());
                 tracing::warn!(%peer, max_connections, "connection refused: too many connections (--max-connections)");
@@ -103,13 +155,80 @@ pub async fn serve(
             tcp,
             peer,
             router.clone(),
-            deadlines,
+            Limits { deadlines, linger },
             stopping.clone(),
             permit,
         ));
     }
     drop(listener);
     let _ = permits.acquire_many(max_connections).await;
+}
+
+/// Answer a connection beyond the cap with 503, then linger.
+async fn refuse(
+    mut tcp: TcpStream,
+    refusal: Bytes,
+    limits: Linger,
+    stopping: CancellationToken,
+    _held: OwnedSemaphorePermit,
+) {
+    match tokio::time::timeout(limits.time, tcp.write_all(&refusal)).await {
+        Ok(Ok(())) => linger(tcp, limits, &stopping).await,
+        Ok(Err(e)) => tracing::debug!(error = %e, "503 not sent"),
+        Err(_) => tracing::debug!("503 not sent within the linger time"),
+    }
+}
+
+/// Close `tcp` after the broker's last answer: shut the sending side, then
+/// read and throw away what the client still sends until it closes its
+/// side, [`Linger::bytes`] have come, [`Linger::time`] has passed, or the
+/// broker stops (see the module's docs).
+async fn linger(mut tcp: TcpStream, limits: Linger, stopping: &CancellationToken) {
+    if tcp.shutdown().await.is_err() {
+        return;
+    }
+    let deadline = Instant::now() + limits.time;
+    let mut thrown: u64 = 0;
+    loop {
+        let ready = tokio::select! {
+            () = stopping.cancelled() => return,
+            ready = tokio::time::timeout_at(deadline, tcp.readable()) => ready,
+        };
+        match ready {
+            Ok(Ok(())) => {}
+            Ok(Err(_)) => return,
+            Err(_) => {
+                tracing::debug!(thrown, "lingering connection closed: --linger-time passed");
+                return;
+            }
+        }
+        // On the stack between waits, so that thousands of lingering
+        // connections hold no buffers; 16 reads at most before the next
+        // wait, which lets other tasks run.
+        let mut buf = [0u8; 16 * 1024];
+        for _ in 0..16 {
+            match tcp.try_read(&mut buf) {
+                Ok(0) => return,
+                Ok(n) => thrown += n as u64,
+                Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => break,
+                Err(_) => return,
+            }
+            if thrown > limits.bytes {
+                tracing::debug!(
+                    thrown,
+                    "lingering connection reset: it sent more than --linger-bytes"
+                );
+                return;
+            }
+        }
+    }
+}
+
+/// What one connection is held to.
+#[derive(Debug, Clone, Copy)]
+struct Limits {
+    deadlines: Deadlines,
+    linger: Linger,
 }
 
 /// Errors of one connection (the peer left before accept) are skipped;
@@ -133,7 +252,7 @@ async fn connection(
     tcp: TcpStream,
     peer: SocketAddr,
     router: Router,
-    deadlines: Deadlines,
+    limits: Limits,
     stopping: CancellationToken,
     _permit: OwnedSemaphorePermit,
 ) {
@@ -151,38 +270,44 @@ async fn connection(
         request.extensions_mut().insert(ConnectInfo(peer));
         let busy = Busy::enter(phase.clone());
         let router = router.clone();
-        async move {
+        // Boxed: a connection that gives its socket back (to linger) needs
+        // a service future that is Unpin.
+        Box::pin(async move {
             let response = router.oneshot(request).await?;
             Ok::<_, Infallible>(response.map(|body| Body::new(Tracked { body, _busy: busy })))
-        }
+        })
     });
     // hyper's header timer stays off: it would also close kept-alive
     // connections after the header timeout (see the module's docs).
-    let mut conn = pin!(
-        hyper::server::conn::http1::Builder::new()
-            .header_read_timeout(None)
-            .serve_connection(io, service)
-    );
-    let mut expired = pin!(expired(phases, deadlines));
+    let mut conn = hyper::server::conn::http1::Builder::new()
+        .header_read_timeout(None)
+        .serve_connection(io, service);
+    let mut expired = pin!(expired(phases, limits.deadlines));
     let mut draining = false;
-    loop {
+    let answered = loop {
+        if stopping.is_cancelled() && !draining {
+            // No new request; the one in flight finishes.
+            draining = true;
+            Pin::new(&mut conn).graceful_shutdown();
+        }
         tokio::select! {
-            result = conn.as_mut() => {
+            // Without shutdown: the socket comes back to linger.
+            result = std::future::poll_fn(|cx| conn.poll_without_shutdown(cx)) => {
                 if let Err(e) = result {
                     tracing::debug!(%peer, error = %e, "connection ended");
                 }
-                break;
+                break true;
             }
             why = expired.as_mut() => {
                 tracing::debug!(%peer, why, "connection closed");
-                break;
+                break false;
             }
-            () = stopping.cancelled(), if !draining => {
-                // No new request; the one in flight finishes.
-                draining = true;
-                conn.as_mut().graceful_shutdown();
-            }
+            () = stopping.cancelled(), if !draining => {}
         }
+    };
+    if answered {
+        let tcp = conn.into_parts().io.into_inner().tcp;
+        linger(tcp, limits.linger, &stopping).await;
     }
 }
 

@@ -78,6 +78,11 @@ pub struct ServerConfig {
     pub idle_timeout: Duration,
     /// Open connections at most (beyond: refused at once).
     pub max_connections: u32,
+    /// After the last answer on a connection, what the client still sends
+    /// is read and thrown away for at most this long ...
+    pub linger_time: Duration,
+    /// ... and at most this many bytes (then the connection is closed).
+    pub linger_bytes: u64,
     /// Which absent MCP 2026-07-28 headers are refused (`--strict-headers`).
     pub header_presence: HeaderPresence,
 }
@@ -100,6 +105,8 @@ impl Default for ServerConfig {
             body_timeout: defaults::BODY_TIMEOUT,
             idle_timeout: defaults::IDLE_TIMEOUT,
             max_connections: defaults::MAX_CONNECTIONS,
+            linger_time: defaults::LINGER_TIME,
+            linger_bytes: defaults::LINGER_BYTES,
             header_presence: HeaderPresence::default(),
         }
     }

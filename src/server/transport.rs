@@ -274,7 +274,9 @@ async fn post(
             -32000,
             &format!("Payload Too Large: the body limit is {limit} bytes"),
         );
-        // The rest of the body is not read: the connection cannot be reused.
+        // The rest of the body is not read here: the connection is not
+        // reused, and throws it away as it closes (connections::linger), so
+        // a client that sends the whole body first still reads this.
         r.headers_mut()
             .insert(header::CONNECTION, HeaderValue::from_static("close"));
         r

@@ -315,10 +315,64 @@ pub struct Raw {
 }
 
 impl Raw {
-    /// The body as JSON (panics with the body when it is not).
+    /// The body as JSON (panics with the body when it is not). For HTTP
+    /// refusals and answers that are JSON by rule; a POST that the broker
+    /// may answer either way is read with [`Raw::messages`] or
+    /// [`Raw::response`].
     #[track_caller]
     pub fn json(&self) -> Value {
         serde_json::from_str(&self.body).unwrap_or_else(|e| panic!("not JSON ({e}): {}", self.body))
+    }
+
+    /// Whether the answer is an SSE stream.
+    pub fn is_sse(&self) -> bool {
+        self.headers
+            .get("content-type")
+            .and_then(|v| v.to_str().ok())
+            .is_some_and(|ct| ct.starts_with("text/event-stream"))
+    }
+
+    /// Every JSON-RPC message of the answer, in order: the JSON body, or
+    /// the data of each event of an SSE stream (Streamable HTTP lets the
+    /// server answer a POST either way, e.g. SSE for `tasks/result` of a
+    /// task not yet done, or for a call whose tool says something first).
+    #[track_caller]
+    pub fn messages(&self) -> Vec<Value> {
+        if !self.is_sse() {
+            return vec![self.json()];
+        }
+        parse_sse(&self.body)
+            .into_iter()
+            .filter(|e| !e.data.trim().is_empty())
+            .map(|e| {
+                serde_json::from_str(&e.data)
+                    .unwrap_or_else(|err| panic!("SSE data not JSON ({err}): {}", e.data))
+            })
+            .collect()
+    }
+
+    /// The JSON-RPC response of the answer, JSON or SSE: the one message
+    /// with a result or an error (not a notification, nor a request to the
+    /// client). Panics when there is none, or more than one.
+    #[track_caller]
+    pub fn response(&self) -> Value {
+        let mut responses: Vec<Value> = self
+            .messages()
+            .into_iter()
+            .filter(|m| {
+                m.get("method").is_none() && (m.get("result").is_some() || m.get("error").is_some())
+            })
+            .collect();
+        assert_eq!(responses.len(), 1, "one response wanted: {}", self.body);
+        responses.pop().unwrap()
+    }
+
+    /// [`Raw::response`], which must answer the request `id`.
+    #[track_caller]
+    pub fn response_to(&self, id: &Value) -> Value {
+        let response = self.response();
+        assert_eq!(&response["id"], id, "response id matches request id");
+        response
     }
 }
 
@@ -440,23 +494,14 @@ impl Client {
             "{method}: HTTP {} {}",
             raw.status, raw.body
         );
-        let ct = raw
-            .headers
-            .get("content-type")
-            .and_then(|v| v.to_str().ok())
-            .unwrap_or("")
-            .to_owned();
-        let messages = if ct.starts_with("text/event-stream") {
-            parse_sse(&raw.body)
-                .into_iter()
-                .filter(|e| !e.data.is_empty())
-                .map(|e| serde_json::from_str(&e.data).expect("SSE data is JSON"))
-                .collect()
-        } else {
-            vec![raw.json()]
-        };
+        // JSON or SSE: the response ends the stream.
+        let messages = raw.messages();
         let last = messages.last().expect("an answer");
-        assert_eq!(last["id"], json!(id), "response id matches request id");
+        assert_eq!(
+            last,
+            &raw.response_to(&json!(id)),
+            "the response comes last"
+        );
         messages
     }
 
