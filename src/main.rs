@@ -20,7 +20,7 @@ use taskbroker::server::{HeaderPresence, ServerConfig};
 use taskbroker::store::Durability;
 use taskbroker::tools::{Tool, conformance_tools, demo_tools};
 
-/// A durable MCP task broker: tasks, results and history in SQLite or PostgreSQL.
+/// A durable MCP task broker (MCP 2025-11-25 and 2026-07-28): tasks, results and history in SQLite or PostgreSQL.
 #[derive(Debug, Parser)]
 #[command(name = "taskbroker", version, about)]
 struct Cli {

@@ -101,6 +101,20 @@ fn task_and_session(stderr: &str) -> (String, String) {
     (task.to_owned(), rest.trim_end_matches(')').to_owned())
 }
 
+/// The task lines of `tasks list`: the header line README shows comes
+/// first (checked here), then one line per task.
+#[track_caller]
+fn task_lines(stdout: &str) -> Vec<&str> {
+    let mut lines = stdout.lines();
+    let header: Vec<&str> = lines.next().unwrap_or("").split_whitespace().collect();
+    assert_eq!(
+        header,
+        ["taskId", "status", "tool", "lastUpdatedAt", "statusMessage"],
+        "{stdout}"
+    );
+    lines.collect()
+}
+
 /// A session made outside the CLI (left open), for `--session`.
 async fn session(server: &Server) -> (Client, String) {
     let client = server.client().await;
@@ -338,13 +352,13 @@ async fn tasks_subcommands_work_on_a_given_session() {
         .run(&server.url, &["tasks", "list", "--session", &sid])
         .await;
     assert_eq!(out.code, Some(0), "{out:?}");
-    assert_eq!(out.stdout.lines().count(), 2, "{out:?}");
+    assert_eq!(task_lines(&out.stdout).len(), 2, "{out:?}");
     assert!(out.stderr.contains("--all"), "{out:?}");
     let out = cli
         .run(&server.url, &["tasks", "list", "--all", "--session", &sid])
         .await;
     assert_eq!(out.code, Some(0), "{out:?}");
-    let lines: Vec<&str> = out.stdout.lines().collect();
+    let lines = task_lines(&out.stdout);
     assert_eq!(lines.len(), 3, "{out:?}");
     assert!(lines[0].starts_with(&long), "newest first: {lines:?}");
     let mine = lines.iter().find(|l| l.starts_with(&task)).unwrap();
@@ -415,7 +429,7 @@ async fn issue12_p2_call_keeps_its_session_for_tasks() {
         .run(&server.url, &["tasks", "list", "--session", &sid])
         .await;
     assert_eq!(out.code, Some(0), "the session still exists: {out:?}");
-    assert!(out.stdout.starts_with(&task), "{out:?}");
+    assert!(task_lines(&out.stdout)[0].starts_with(&task), "{out:?}");
     let out = cli.run(&server.url, &["tasks", "get", &task]).await;
     assert_eq!(out.code, Some(0), "{out:?}");
     let got: Value = serde_json::from_str(&out.stdout).unwrap();
@@ -657,7 +671,7 @@ async fn issue12_p2_detached_task_is_seen_by_tasks_across_invocations_and_restar
 
     let out = cli.run(&server.url, &["tasks", "list"]).await;
     assert_eq!(out.code, Some(0), "{out:?}");
-    let lines: Vec<&str> = out.stdout.lines().collect();
+    let lines = task_lines(&out.stdout);
     assert_eq!(lines.len(), 2, "{out:?}");
     assert!(lines[0].starts_with(&short), "newest first: {lines:?}");
     assert!(lines[0].contains(" completed "), "{lines:?}");
@@ -711,9 +725,10 @@ async fn issue12_p2_two_urls_keep_separate_sessions() {
     for (server, mine, other) in [(&a, &on_a, &on_b), (&b, &on_b, &on_a)] {
         let out = cli.run(&server.url, &["tasks", "list"]).await;
         assert_eq!(out.code, Some(0), "{out:?}");
-        assert!(out.stdout.starts_with(mine.as_str()), "{out:?}");
+        let lines = task_lines(&out.stdout);
+        assert!(lines[0].starts_with(mine.as_str()), "{out:?}");
         assert!(!out.stdout.contains(other.as_str()), "{out:?}");
-        assert_eq!(out.stdout.lines().count(), 1, "{out:?}");
+        assert_eq!(lines.len(), 1, "{out:?}");
     }
 }
 
@@ -841,9 +856,8 @@ async fn issue12_p2_concurrent_invocations_share_one_session() {
     let out = cli.run(&server.url, &["tasks", "list"]).await;
     assert_eq!(out.code, Some(0), "{out:?}");
     for task in &tasks {
-        let line = out
-            .stdout
-            .lines()
+        let line = task_lines(&out.stdout)
+            .into_iter()
             .find(|l| l.starts_with(task.as_str()))
             .unwrap_or_else(|| panic!("{task} not listed: {out:?}"));
         assert!(line.contains(" sleep "), "{line}");
