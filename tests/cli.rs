@@ -1002,3 +1002,169 @@ async fn issue16_protocol_2026_calls_and_follows_tasks_without_a_session() {
     assert_eq!(out.code, Some(2), "{out:?}");
     assert!(out.stderr.contains("no tasks/list"), "{out:?}");
 }
+
+/// Issue item 5: a broker with tokens answers a CLI without one 401; the
+/// CLI says how to authenticate (`--token` or `TASKBROKER_TOKEN`), in both
+/// protocol generations, and says a refused token is refused. With the
+/// token (flag or variable) the call goes through.
+#[tokio::test]
+async fn item5_a_401_says_how_to_pass_a_token() {
+    let server = Server::start(&[]);
+    let token = common::create_token(&server, "alice", &[]);
+    let cli = Cli::new();
+    for protocol in ["2025-11-25", "2026-07-28"] {
+        let out = cli
+            .run(&server.url, &["call", "echo", "--protocol", protocol])
+            .await;
+        assert_eq!(out.code, Some(3), "{out:?}");
+        assert!(
+            out.stderr.contains("requires a token")
+                && out.stderr.contains("--token TOKEN")
+                && out.stderr.contains("TASKBROKER_TOKEN"),
+            "{protocol}: {out:?}"
+        );
+        assert_eq!(out.stderr.lines().count(), 1, "one line: {out:?}");
+
+        let out = cli
+            .run(
+                &server.url,
+                &[
+                    "call",
+                    "echo",
+                    "--protocol",
+                    protocol,
+                    "--token",
+                    "tbk_wrong",
+                ],
+            )
+            .await;
+        assert_eq!(out.code, Some(3), "{out:?}");
+        assert!(
+            out.stderr.contains("refused the token") && out.stderr.contains("--token"),
+            "{protocol}: {out:?}"
+        );
+
+        let out = cli
+            .run(
+                &server.url,
+                &["call", "echo", "--protocol", protocol, "--token", &token],
+            )
+            .await;
+        assert_eq!(out.code, Some(0), "{protocol}: {out:?}");
+        let mut cmd = cli.command();
+        cmd.args(["call", "echo", "--protocol", protocol, "--url", &server.url])
+            .env("TASKBROKER_TOKEN", &token)
+            .stdin(Stdio::null());
+        let out = output(cmd).await;
+        assert_eq!(out.code, Some(0), "{protocol}: {out:?}");
+    }
+}
+
+/// Issue item 5: the broker's log lines show plain values, not Rust debug
+/// text: the CLI's session names its client as `taskbroker-cli` (not
+/// `Some(String(...))`), a task's ttl is a number (not `Some(...)`), a
+/// refused Origin is the header's text.
+#[tokio::test]
+async fn item5_log_fields_are_plain_values() {
+    let server = Server::start(&[]);
+    let cli = Cli::new();
+    let out = cli
+        .run(
+            &server.url,
+            &["call", "sleep", "--args", r#"{"seconds":0}"#, "--task"],
+        )
+        .await;
+    assert_eq!(out.code, Some(0), "{out:?}");
+    let refused = reqwest::Client::new()
+        .post(&server.url)
+        .header("origin", "http://elsewhere.example")
+        .header("content-type", "application/json")
+        .body("{}")
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(refused.status(), 403);
+
+    let deadline = Instant::now() + Duration::from_secs(10);
+    let log = loop {
+        let log = server.log();
+        if log.contains("request refused: origin") || Instant::now() > deadline {
+            break log;
+        }
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    };
+    let line = |what: &str| -> String {
+        log.lines()
+            .find(|l| l.contains(what))
+            .unwrap_or_else(|| panic!("no '{what}' line: {log}"))
+            .to_owned()
+    };
+    let session = line("session initialized");
+    assert!(session.contains(r#"client="taskbroker-cli""#), "{session}");
+    let created = line("task created");
+    assert!(created.contains("ttl_ms=3600000"), "{created}");
+    let origin = line("request refused: origin");
+    assert!(
+        origin.contains("origin=http://elsewhere.example"),
+        "{origin}"
+    );
+    for debug_text in ["Some(", "String(", "Number(", "None", "Object {"] {
+        assert!(!log.contains(debug_text), "{debug_text} in the log: {log}");
+    }
+}
+
+/// The decimals of every number in a text (0 for an integer).
+fn decimals_of_numbers(text: &str) -> Vec<(String, usize)> {
+    text.split(|c: char| !(c.is_ascii_digit() || c == '.'))
+        .filter(|w| w.chars().any(|c| c.is_ascii_digit()))
+        .map(|w| {
+            let w = w.trim_matches('.');
+            (w.to_owned(), w.split('.').nth(1).map_or(0, str::len))
+        })
+        .collect()
+}
+
+/// Issue item 5: `bench` prints rounded figures: tasks/s as a whole
+/// number, the mode as a plain word, milliseconds to two decimals; `--json`
+/// rounds the same way (ms to 0.01, seconds to 0.001, tasks/s to 0.1).
+#[tokio::test]
+async fn item5_bench_prints_rounded_figures() {
+    let server = Server::start(&[]);
+    let cli = Cli::new();
+    let out = cli
+        .run(&server.url, &["bench", "--tasks", "40", "--clients", "2"])
+        .await;
+    assert_eq!(out.code, Some(0), "{out:?}");
+    let first = out.stdout.lines().next().unwrap();
+    let (head, tail) = first.split_once(" tasks/s ").unwrap();
+    let rate = head.rsplit(' ').next().unwrap();
+    assert!(
+        rate.parse::<u64>().is_ok(),
+        "tasks/s is a whole number: {first}"
+    );
+    assert!(tail.starts_with("(2 clients, result)"), "{first}");
+    assert!(first.starts_with("40 tasks in "), "{first}");
+    for (number, decimals) in decimals_of_numbers(&out.stdout) {
+        assert!(decimals <= 2, "{number} in {}", out.stdout);
+    }
+    assert!(out.stdout.contains("p50 "), "{out:?}");
+
+    let out = cli
+        .run(
+            &server.url,
+            &["bench", "--tasks", "20", "--clients", "2", "--json"],
+        )
+        .await;
+    assert_eq!(out.code, Some(0), "{out:?}");
+    let report: Value = serde_json::from_str(&out.stdout).unwrap();
+    assert_eq!(report["mode"], "result");
+    assert_eq!(report["tasks"], 20);
+    let without_url = out.stdout.replace(report["url"].as_str().unwrap(), "");
+    for (number, decimals) in decimals_of_numbers(&without_url) {
+        assert!(decimals <= 3, "{number} in {}", out.stdout);
+    }
+    assert!(
+        report["create"]["p50_ms"].as_f64().unwrap() > 0.0,
+        "{report}"
+    );
+}

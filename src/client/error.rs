@@ -29,6 +29,13 @@ pub enum McpError {
         /// The JSON-RPC error message of the body, or the body itself.
         message: String,
     },
+    /// The broker wants a bearer token (HTTP 401): none was sent, or the
+    /// one sent is unknown, revoked or expired.
+    #[error("{}", unauthorized_advice(*.token_sent))]
+    Unauthorized {
+        /// Whether the request carried a token (`--token`, `TASKBROKER_TOKEN`).
+        token_sent: bool,
+    },
     /// No connection could be made.
     #[error("cannot reach {url}: {reason}")]
     Connect {
@@ -45,7 +52,30 @@ pub enum McpError {
     Protocol(String),
 }
 
+/// What a 401 means to the person at the command line, and what to do.
+fn unauthorized_advice(token_sent: bool) -> &'static str {
+    if token_sent {
+        "the broker refused the token (HTTP 401: unknown, revoked or expired): \
+         pass a valid one with --token TOKEN or TASKBROKER_TOKEN \
+         (`taskbroker token list` shows which are valid)"
+    } else {
+        "the broker requires a token (HTTP 401): pass --token TOKEN or set \
+         TASKBROKER_TOKEN (`taskbroker token create --principal NAME` on the \
+         broker's database makes one)"
+    }
+}
+
 impl McpError {
+    /// The error for a non-2xx HTTP answer: 401 becomes
+    /// [`McpError::Unauthorized`], which says how to pass a token.
+    pub fn http(status: u16, message: String, token_sent: bool) -> Self {
+        if status == 401 {
+            Self::Unauthorized { token_sent }
+        } else {
+            Self::Http { status, message }
+        }
+    }
+
     /// The JSON-RPC error, when the server answered with one.
     pub fn rpc(&self) -> Option<&RpcError> {
         match self {

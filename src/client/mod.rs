@@ -175,7 +175,7 @@ impl McpClient {
         }
         self.owns_session = session.is_some();
         self.session = session;
-        tracing::debug!(session = ?self.session, version = %self.protocol_version, "initialized");
+        tracing::debug!(session = self.session.as_deref(), version = %self.protocol_version, "initialized");
         self.notify("notifications/initialized", None).await?;
         Ok(result)
     }
@@ -273,7 +273,7 @@ impl McpClient {
             .send()
             .await
             .map_err(|e| self.send_error(e))?;
-        check_status(response).await
+        check_status(response, self.token.is_some()).await
     }
 
     fn send_error(&self, e: reqwest::Error) -> McpError {
@@ -343,7 +343,7 @@ impl McpClient {
                     "the SSE stream ended without a response ({MAX_RESUMES} reconnections failed)"
                 )));
             }
-            tracing::debug!(last_event_id = %last, ?retry, "SSE stream ended early; resuming");
+            tracing::debug!(last_event_id = %last, retry_ms = retry.as_millis(), "SSE stream ended early; resuming");
             tokio::time::sleep(retry).await;
             response = self.resume(&last).await?;
         }
@@ -382,7 +382,7 @@ impl McpClient {
             .send()
             .await
             .map_err(|e| self.send_error(e))?;
-        check_status(response).await
+        check_status(response, self.token.is_some()).await
     }
 
     /// Handle one message of an answer: the response to `id` ends the wait
@@ -451,9 +451,12 @@ fn is_sse(response: &reqwest::Response) -> bool {
         .is_some_and(|ct| ct.trim_start().starts_with("text/event-stream"))
 }
 
-/// Turn a non-2xx answer into [`McpError::Http`], with the JSON-RPC error
+/// Turn a non-2xx answer into [`McpError::http`], with the JSON-RPC error
 /// message of its body when it has one.
-async fn check_status(response: reqwest::Response) -> Result<reqwest::Response, McpError> {
+async fn check_status(
+    response: reqwest::Response,
+    token_sent: bool,
+) -> Result<reqwest::Response, McpError> {
     let status = response.status();
     if status.is_success() {
         return Ok(response);
@@ -471,10 +474,7 @@ async fn check_status(response: reqwest::Response) -> Result<reqwest::Response, 
                 format!("{reason}: {}", body.trim())
             }
         });
-    Err(McpError::Http {
-        status: status.as_u16(),
-        message,
-    })
+    Err(McpError::http(status.as_u16(), message, token_sent))
 }
 
 /// The innermost cause of an error (e.g. "Connection refused (os error 111)").

@@ -150,10 +150,11 @@ impl StatelessClient {
                 m.get("error").unwrap_or(&Value::Null),
             ))),
             Some(m) if m.get("result").is_some() => Ok(m["result"].clone()),
-            _ if !status.is_success() => Err(McpError::Http {
-                status: status.as_u16(),
-                message: text.chars().take(300).collect(),
-            }),
+            _ if !status.is_success() => Err(McpError::http(
+                status.as_u16(),
+                text.chars().take(300).collect(),
+                self.token.is_some(),
+            )),
             _ => Err(McpError::Protocol(format!(
                 "no answer to request {id} in: {}",
                 text.chars().take(300).collect::<String>()

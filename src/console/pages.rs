@@ -107,7 +107,10 @@ pub async fn login(
     };
     match access::operator(&console, &form.token).await {
         Ok(operator) => {
-            tracing::info!(principal = ?operator.principal, "console: operator logged in");
+            tracing::info!(
+                principal = operator.principal.as_deref(),
+                "console: operator logged in"
+            );
             let mut response = see_other("/ui");
             if let Ok(cookie) =
                 HeaderValue::from_str(&access::set_cookie(form.token.trim(), &headers))
