@@ -168,7 +168,7 @@ pub async fn serve(config: ServeConfig) -> anyhow::Result<()> {
     // The address first: a broker that cannot listen must not have started
     // claiming jobs it would then abandon.
     let listener = bind(config.listen).await?;
-    let store = store::open(&config.db, config.durability).await?;
+    let store = store::open_for_broker(&config.db, config.durability).await?;
     let core = Core::start(
         store.clone(),
         config.tools.clone(),

@@ -525,6 +525,10 @@ fn main() -> ExitCode {
     // The client commands print their own output; logs only for warnings.
     logging::init(match cli.command {
         Command::Call(_) | Command::Tasks(_) => "warn",
+        // A token command's output is its answer: no migration notes, no
+        // slow-statement warnings (a first migration on a busy server is
+        // slow); failures are its error line.
+        Command::Token(_) => "warn,sqlx=error",
         // A backup (VACUUM INTO) is one long statement by nature: no
         // slow-statement warnings from sqlx.
         Command::Stats(_) | Command::Workers(_) | Command::Backup(_) => "warn,sqlx=error",
