@@ -17,7 +17,7 @@ use crate::server::{
     SessionStreams, Sessions, StreamCounter, Streams, spawn_status_notifier,
 };
 use crate::store::{self, Database, Durability, Store, WorkerKind};
-use crate::tools::{Registry, Tool};
+use crate::tools::{Registry, TaskSupport, Tool};
 use crate::worker::{WorkerConfig, WorkerPool};
 
 /// Everything `taskbroker serve` is told.
@@ -110,6 +110,12 @@ impl Core {
         session_idle: Option<Duration>,
     ) -> anyhow::Result<Self> {
         let tools = Arc::new(Registry::new(tools)?);
+        crate::metrics::get().zero_known_series(
+            tools
+                .definitions()
+                .filter(|d| d.task_support != TaskSupport::Forbidden)
+                .map(|d| d.name.as_str()),
+        );
         let feed = Feed::new();
         let shutdown = CancellationToken::new();
         let tailer = feed
