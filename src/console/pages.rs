@@ -62,9 +62,15 @@ fn login_with(status: StatusCode, message: &str) -> Response {
     html(status, LOGIN.replace(MESSAGE_SLOT, &escape(message)))
 }
 
-/// A denial as a page: the login page says why.
+/// A denial as a page: the login page says why, unless nothing was tried
+/// yet (no token sent): then it is just the form.
 fn denied_page(denied: Denied) -> Response {
-    login_with(denied.status, &denied.message)
+    let message = if denied.nothing_tried {
+        ""
+    } else {
+        &denied.message
+    };
+    login_with(denied.status, message)
 }
 
 fn see_other(to: &'static str) -> Response {
