@@ -1168,3 +1168,136 @@ async fn item5_bench_prints_rounded_figures() {
         "{report}"
     );
 }
+
+/// `taskbroker call approve` with `args` (in `protocol`, as a task or not)
+/// and its stdin closed (not a terminal).
+async fn approve(cli: &Cli, url: &str, protocol: &str, task: bool, extra: &[&str]) -> Out {
+    let mut args = vec![
+        "call",
+        "approve",
+        "--args",
+        r#"{"question":"Ship it?"}"#,
+        "--protocol",
+        protocol,
+    ];
+    if task {
+        args.push("--task");
+    }
+    args.extend_from_slice(extra);
+    cli.run(url, &args).await
+}
+
+/// Issue item 5: the CLI answers a tool's questions itself, in both
+/// protocol generations, plain and as a task (2025: elicitation/create on
+/// the session's stream, declared at initialize; 2026: the input_required
+/// retry of a plain call, tasks/update for a task). `--input` answers
+/// without a terminal, checked against the question's schema: a wrong type
+/// or an unknown field is a usage error (exit 2) naming the field; no
+/// `--input` with a stdin that is not a terminal is exit 2 with the
+/// `--input` to pass; a task left waiting is answered later by `tasks
+/// result ID --input`.
+#[tokio::test]
+async fn item5_call_answers_elicitation_from_input_or_says_how() {
+    let server = Server::start(&[]);
+    let cli = Cli::new();
+    let url = server.url.as_str();
+    for protocol in ["2025-11-25", "2026-07-28"] {
+        for task in [false, true] {
+            let what = format!("{protocol} task={task}");
+            let out = approve(
+                &cli,
+                url,
+                protocol,
+                task,
+                &["--input", r#"{"approved":true}"#],
+            )
+            .await;
+            assert_eq!(out.code, Some(0), "{what}: {out:?}");
+            assert_eq!(out.stdout.trim(), "approved", "{what}: {out:?}");
+            let out = approve(
+                &cli,
+                url,
+                protocol,
+                task,
+                &["--input", r#"{"approved":false}"#],
+            )
+            .await;
+            assert_eq!(out.stdout.trim(), "not approved", "{what}: {out:?}");
+
+            let out = approve(&cli, url, protocol, task, &[]).await;
+            assert_eq!(out.code, Some(2), "{what}: {out:?}");
+            assert!(
+                out.stderr.contains("stdin is not a terminal")
+                    && out.stderr.contains(r#"--input '{"approved":true}'"#),
+                "{what}: {out:?}"
+            );
+
+            for (input, says) in [
+                (r#"{"approved":"yes"}"#, "approved"),
+                (
+                    r#"{"approved":true,"colour":"red"}"#,
+                    "unknown field 'colour'",
+                ),
+                ("{}", "required"),
+            ] {
+                let out = approve(&cli, url, protocol, task, &["--input", input]).await;
+                assert_eq!(out.code, Some(2), "{what} {input}: {out:?}");
+                assert!(
+                    out.stderr.contains("--input does not answer") && out.stderr.contains(says),
+                    "{what} {input}: {out:?}"
+                );
+            }
+        }
+    }
+
+    // Two questions at once (`also`): one --input answers both.
+    for protocol in ["2025-11-25", "2026-07-28"] {
+        let out = cli
+            .run(
+                url,
+                &[
+                    "call",
+                    "approve",
+                    "--args",
+                    r#"{"question":"Ship it?","also":"Really?"}"#,
+                    "--input",
+                    r#"{"approved":true}"#,
+                    "--protocol",
+                    protocol,
+                    "--task",
+                ],
+            )
+            .await;
+        assert_eq!(out.code, Some(0), "{protocol}: {out:?}");
+        assert_eq!(out.stdout.trim(), "approved", "{protocol}: {out:?}");
+    }
+
+    // A task left waiting for its answer is answered by `tasks result`.
+    for protocol in ["2025-11-25", "2026-07-28"] {
+        let out = approve(&cli, url, protocol, true, &[]).await;
+        assert_eq!(out.code, Some(2), "{out:?}");
+        let later = out
+            .stderr
+            .lines()
+            .find_map(|l| l.split("give it later with: ").nth(1))
+            .unwrap_or_else(|| panic!("no follow-up command: {out:?}"));
+        let id = later.split_whitespace().nth(3).unwrap().to_owned();
+        let out = cli
+            .run(
+                url,
+                &[
+                    "tasks",
+                    "result",
+                    &id,
+                    "--protocol",
+                    protocol,
+                    "--input",
+                    r#"{"approved":true}"#,
+                ],
+            )
+            .await;
+        assert_eq!(out.code, Some(0), "{protocol}: {out:?}");
+        let result: Value = serde_json::from_str(&out.stdout).unwrap();
+        assert_eq!(result["content"][0]["text"], "approved", "{out:?}");
+    }
+}

@@ -1,6 +1,7 @@
 //! What can go wrong talking to an MCP server, and the exit code each
 //! failure maps to.
 
+use super::input::InputError;
 use crate::mcp::RpcError;
 
 /// Exit code: success.
@@ -50,6 +51,11 @@ pub enum McpError {
     /// The server's answer broke the protocol.
     #[error("protocol error: {0}")]
     Protocol(String),
+    /// A question of the tool could not be answered (no terminal and no
+    /// `--input`, an `--input` that does not fit, a kind of request this
+    /// client does not serve).
+    #[error("{0}")]
+    Input(#[from] InputError),
 }
 
 /// What a 401 means to the person at the command line, and what to do.
@@ -91,6 +97,8 @@ impl McpError {
         match self {
             Self::Rpc(_) => EXIT_FAILURE,
             Self::Http { status: 404, .. } => EXIT_FAILURE,
+            Self::Input(InputError::Unsupported { .. }) => EXIT_FAILURE,
+            Self::Input(_) => EXIT_USAGE,
             _ => EXIT_UNREACHABLE,
         }
     }

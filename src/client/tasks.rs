@@ -25,7 +25,11 @@ pub async fn run(args: TasksArgs) -> u8 {
     if args.protocol.protocol == Protocol::V2026 {
         return super::stateless::tasks(&args).await;
     }
-    let cli = match CliSession::open(conn).await {
+    let given = match &args.command {
+        TasksCommand::Result { input, .. } => input.clone(),
+        _ => None,
+    };
+    let cli = match CliSession::open(conn, super::input::Answerer::new(given)).await {
         Ok(c) => c,
         Err(e) => {
             eprintln!("taskbroker: {e}");
