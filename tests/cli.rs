@@ -1301,3 +1301,70 @@ async fn item5_call_answers_elicitation_from_input_or_says_how() {
         assert_eq!(result["content"][0]["text"], "approved", "{out:?}");
     }
 }
+
+/// Issue item 5: on a terminal (a real pseudo-terminal, made by util-linux
+/// `script`) the CLI asks each field of the question itself: a typed
+/// answer that does not fit the field's type is asked again, `y` answers
+/// it, and the call completes; plain and as a task, in both generations.
+#[tokio::test]
+async fn item5_call_asks_the_question_on_a_terminal() {
+    let has_script = std::process::Command::new("script")
+        .arg("--version")
+        .output()
+        .is_ok_and(|o| o.status.success());
+    if !has_script {
+        use std::io::Write;
+        let _ = writeln!(
+            std::io::stderr(),
+            "skipping the terminal test: no `script` (util-linux) here"
+        );
+        return;
+    }
+    let server = Server::start(&[]);
+    let cli = Cli::new();
+    for protocol in ["2025-11-25", "2026-07-28"] {
+        for task in ["", " --task"] {
+            let line = format!(
+                "{} call approve --args '{{\"question\":\"Ship it?\"}}' --url {} --protocol {protocol}{task}",
+                env!("CARGO_BIN_EXE_taskbroker"),
+                server.url
+            );
+            let mut cmd = tokio::process::Command::new("script");
+            cmd.args(["-qec", &line, "/dev/null"])
+                .env_remove("TASKBROKER_URL")
+                .env_remove("TASKBROKER_TOKEN")
+                .env_remove("RUST_LOG")
+                .env("XDG_STATE_HOME", cli.state_home())
+                .env("HOME", cli.dir.path().join("home"))
+                .current_dir(cli.cwd())
+                .stdin(Stdio::piped())
+                .stdout(Stdio::piped())
+                .stderr(Stdio::piped())
+                .kill_on_drop(true);
+            let mut child = cmd.spawn().unwrap();
+            let mut stdin = child.stdin.take().unwrap();
+            // Typed ahead: the terminal keeps the lines until they are read.
+            stdin.write_all(b"maybe\ny\n").await.unwrap();
+            drop(stdin);
+            let out = tokio::time::timeout(Duration::from_secs(60), child.wait_with_output())
+                .await
+                .expect("finished within 60 s")
+                .unwrap();
+            let text = String::from_utf8_lossy(&out.stdout);
+            let what = format!("{protocol}{task}");
+            assert_eq!(out.status.code(), Some(0), "{what}: {text}");
+            assert!(
+                text.contains("the tool asks: Ship it?") && text.contains("[y/n]"),
+                "{what}: {text}"
+            );
+            assert!(
+                text.contains("answer y or n"),
+                "{what}: asked again: {text}"
+            );
+            assert!(
+                text.trim_end().ends_with("approved"),
+                "{what}: the result last: {text}"
+            );
+        }
+    }
+}

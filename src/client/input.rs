@@ -98,7 +98,7 @@ impl Answerer {
                 fields: question.fields(),
             });
         }
-        question.ask_terminal()
+        super::progress::suspended(|| question.ask_terminal())
     }
 }
 
