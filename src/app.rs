@@ -17,7 +17,7 @@ use crate::server::{
     Sessions, StreamCounter, Streams, spawn_status_notifier,
 };
 use crate::store::{self, Database, Durability, Store, WorkerKind};
-use crate::tools::{Registry, Tool};
+use crate::tools::{Registry, TaskSupport, Tool};
 use crate::worker::{WorkerConfig, WorkerPool};
 
 /// Everything `taskbroker serve` is told.
@@ -110,6 +110,12 @@ impl Core {
         session_idle: Option<Duration>,
     ) -> anyhow::Result<Self> {
         let tools = Arc::new(Registry::new(tools)?);
+        crate::metrics::get().zero_known_series(
+            tools
+                .definitions()
+                .filter(|d| d.task_support != TaskSupport::Forbidden)
+                .map(|d| d.name.as_str()),
+        );
         let feed = Feed::new();
         let shutdown = CancellationToken::new();
         let tailer = feed
@@ -168,7 +174,7 @@ pub async fn serve(config: ServeConfig) -> anyhow::Result<()> {
     // The address first: a broker that cannot listen must not have started
     // claiming jobs it would then abandon.
     let listener = bind(config.listen).await?;
-    let store = store::open(&config.db, config.durability).await?;
+    let store = store::open_for_broker(&config.db, config.durability).await?;
     let core = Core::start(
         store.clone(),
         config.tools.clone(),

@@ -1,8 +1,9 @@
 //! taskbroker: a durable task broker for the Model Context Protocol
-//! (MCP 2025-11-25 tasks).
+//! (MCP 2025-11-25 tasks, and MCP 2026-07-28 with its tasks extension, on
+//! one endpoint).
 //!
 //! MCP clients call tools as tasks over Streamable HTTP; every task, its
-//! status history and its result are rows in one SQLite file, so a killed and
+//! status history and its result are rows in SQLite or PostgreSQL, so a killed and
 //! restarted server goes on answering `tasks/get`, `tasks/result` and
 //! `tasks/list`. Workers claim jobs in transactions under leases; a worker
 //! that dies loses nothing.

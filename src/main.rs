@@ -20,7 +20,7 @@ use taskbroker::server::{HeaderPresence, ServerConfig};
 use taskbroker::store::Durability;
 use taskbroker::tools::{Tool, conformance_tools, demo_tools};
 
-/// A durable MCP task broker: tasks, results and history in SQLite or PostgreSQL.
+/// A durable MCP task broker (MCP 2025-11-25 and 2026-07-28): tasks, results and history in SQLite or PostgreSQL.
 #[derive(Debug, Parser)]
 #[command(name = "taskbroker", version, about)]
 struct Cli {
@@ -548,6 +548,10 @@ fn main() -> ExitCode {
     // The client commands print their own output; logs only for warnings.
     logging::init(match cli.command {
         Command::Call(_) | Command::Tasks(_) => "warn",
+        // A token command's output is its answer: no migration notes, no
+        // slow-statement warnings (a first migration on a busy server is
+        // slow); failures are its error line.
+        Command::Token(_) => "warn,sqlx=error",
         // A backup (VACUUM INTO) is one long statement by nature: no
         // slow-statement warnings from sqlx.
         Command::Stats(_) | Command::Workers(_) | Command::Backup(_) => "warn,sqlx=error",

@@ -101,6 +101,20 @@ fn task_and_session(stderr: &str) -> (String, String) {
     (task.to_owned(), rest.trim_end_matches(')').to_owned())
 }
 
+/// The task lines of `tasks list`: the header line README shows comes
+/// first (checked here), then one line per task.
+#[track_caller]
+fn task_lines(stdout: &str) -> Vec<&str> {
+    let mut lines = stdout.lines();
+    let header: Vec<&str> = lines.next().unwrap_or("").split_whitespace().collect();
+    assert_eq!(
+        header,
+        ["taskId", "status", "tool", "lastUpdatedAt", "statusMessage"],
+        "{stdout}"
+    );
+    lines.collect()
+}
+
 /// A session made outside the CLI (left open), for `--session`.
 async fn session(server: &Server) -> (Client, String) {
     let client = server.client().await;
@@ -338,13 +352,13 @@ async fn tasks_subcommands_work_on_a_given_session() {
         .run(&server.url, &["tasks", "list", "--session", &sid])
         .await;
     assert_eq!(out.code, Some(0), "{out:?}");
-    assert_eq!(out.stdout.lines().count(), 2, "{out:?}");
+    assert_eq!(task_lines(&out.stdout).len(), 2, "{out:?}");
     assert!(out.stderr.contains("--all"), "{out:?}");
     let out = cli
         .run(&server.url, &["tasks", "list", "--all", "--session", &sid])
         .await;
     assert_eq!(out.code, Some(0), "{out:?}");
-    let lines: Vec<&str> = out.stdout.lines().collect();
+    let lines = task_lines(&out.stdout);
     assert_eq!(lines.len(), 3, "{out:?}");
     assert!(lines[0].starts_with(&long), "newest first: {lines:?}");
     let mine = lines.iter().find(|l| l.starts_with(&task)).unwrap();
@@ -415,7 +429,7 @@ async fn issue12_p2_call_keeps_its_session_for_tasks() {
         .run(&server.url, &["tasks", "list", "--session", &sid])
         .await;
     assert_eq!(out.code, Some(0), "the session still exists: {out:?}");
-    assert!(out.stdout.starts_with(&task), "{out:?}");
+    assert!(task_lines(&out.stdout)[0].starts_with(&task), "{out:?}");
     let out = cli.run(&server.url, &["tasks", "get", &task]).await;
     assert_eq!(out.code, Some(0), "{out:?}");
     let got: Value = serde_json::from_str(&out.stdout).unwrap();
@@ -657,7 +671,7 @@ async fn issue12_p2_detached_task_is_seen_by_tasks_across_invocations_and_restar
 
     let out = cli.run(&server.url, &["tasks", "list"]).await;
     assert_eq!(out.code, Some(0), "{out:?}");
-    let lines: Vec<&str> = out.stdout.lines().collect();
+    let lines = task_lines(&out.stdout);
     assert_eq!(lines.len(), 2, "{out:?}");
     assert!(lines[0].starts_with(&short), "newest first: {lines:?}");
     assert!(lines[0].contains(" completed "), "{lines:?}");
@@ -711,9 +725,10 @@ async fn issue12_p2_two_urls_keep_separate_sessions() {
     for (server, mine, other) in [(&a, &on_a, &on_b), (&b, &on_b, &on_a)] {
         let out = cli.run(&server.url, &["tasks", "list"]).await;
         assert_eq!(out.code, Some(0), "{out:?}");
-        assert!(out.stdout.starts_with(mine.as_str()), "{out:?}");
+        let lines = task_lines(&out.stdout);
+        assert!(lines[0].starts_with(mine.as_str()), "{out:?}");
         assert!(!out.stdout.contains(other.as_str()), "{out:?}");
-        assert_eq!(out.stdout.lines().count(), 1, "{out:?}");
+        assert_eq!(lines.len(), 1, "{out:?}");
     }
 }
 
@@ -841,9 +856,8 @@ async fn issue12_p2_concurrent_invocations_share_one_session() {
     let out = cli.run(&server.url, &["tasks", "list"]).await;
     assert_eq!(out.code, Some(0), "{out:?}");
     for task in &tasks {
-        let line = out
-            .stdout
-            .lines()
+        let line = task_lines(&out.stdout)
+            .into_iter()
             .find(|l| l.starts_with(task.as_str()))
             .unwrap_or_else(|| panic!("{task} not listed: {out:?}"));
         assert!(line.contains(" sleep "), "{line}");
@@ -987,4 +1001,370 @@ async fn issue16_protocol_2026_calls_and_follows_tasks_without_a_session() {
     let out = cli.run(url, &with(&["tasks", "list"])).await;
     assert_eq!(out.code, Some(2), "{out:?}");
     assert!(out.stderr.contains("no tasks/list"), "{out:?}");
+}
+
+/// Issue item 5: a broker with tokens answers a CLI without one 401; the
+/// CLI says how to authenticate (`--token` or `TASKBROKER_TOKEN`), in both
+/// protocol generations, and says a refused token is refused. With the
+/// token (flag or variable) the call goes through.
+#[tokio::test]
+async fn item5_a_401_says_how_to_pass_a_token() {
+    let server = Server::start(&[]);
+    let token = common::create_token(&server, "alice", &[]);
+    let cli = Cli::new();
+    for protocol in ["2025-11-25", "2026-07-28"] {
+        let out = cli
+            .run(&server.url, &["call", "echo", "--protocol", protocol])
+            .await;
+        assert_eq!(out.code, Some(3), "{out:?}");
+        assert!(
+            out.stderr.contains("requires a token")
+                && out.stderr.contains("--token TOKEN")
+                && out.stderr.contains("TASKBROKER_TOKEN"),
+            "{protocol}: {out:?}"
+        );
+        assert_eq!(out.stderr.lines().count(), 1, "one line: {out:?}");
+
+        let out = cli
+            .run(
+                &server.url,
+                &[
+                    "call",
+                    "echo",
+                    "--protocol",
+                    protocol,
+                    "--token",
+                    "tbk_wrong",
+                ],
+            )
+            .await;
+        assert_eq!(out.code, Some(3), "{out:?}");
+        assert!(
+            out.stderr.contains("refused the token") && out.stderr.contains("--token"),
+            "{protocol}: {out:?}"
+        );
+
+        let out = cli
+            .run(
+                &server.url,
+                &["call", "echo", "--protocol", protocol, "--token", &token],
+            )
+            .await;
+        assert_eq!(out.code, Some(0), "{protocol}: {out:?}");
+        let mut cmd = cli.command();
+        cmd.args(["call", "echo", "--protocol", protocol, "--url", &server.url])
+            .env("TASKBROKER_TOKEN", &token)
+            .stdin(Stdio::null());
+        let out = output(cmd).await;
+        assert_eq!(out.code, Some(0), "{protocol}: {out:?}");
+    }
+}
+
+/// Issue item 5: the broker's log lines show plain values, not Rust debug
+/// text: the CLI's session names its client as `taskbroker-cli` (not
+/// `Some(String(...))`), a task's ttl is a number (not `Some(...)`), a
+/// refused Origin is the header's text.
+#[tokio::test]
+async fn item5_log_fields_are_plain_values() {
+    let server = Server::start(&[]);
+    let cli = Cli::new();
+    let out = cli
+        .run(
+            &server.url,
+            &["call", "sleep", "--args", r#"{"seconds":0}"#, "--task"],
+        )
+        .await;
+    assert_eq!(out.code, Some(0), "{out:?}");
+    let refused = reqwest::Client::new()
+        .post(&server.url)
+        .header("origin", "http://elsewhere.example")
+        .header("content-type", "application/json")
+        .body("{}")
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(refused.status(), 403);
+
+    let deadline = Instant::now() + Duration::from_secs(10);
+    let log = loop {
+        let log = server.log();
+        if log.contains("request refused: origin") || Instant::now() > deadline {
+            break log;
+        }
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    };
+    let line = |what: &str| -> String {
+        log.lines()
+            .find(|l| l.contains(what))
+            .unwrap_or_else(|| panic!("no '{what}' line: {log}"))
+            .to_owned()
+    };
+    let session = line("session initialized");
+    assert!(session.contains(r#"client="taskbroker-cli""#), "{session}");
+    let created = line("task created");
+    assert!(created.contains("ttl_ms=3600000"), "{created}");
+    let origin = line("request refused: origin");
+    assert!(
+        origin.contains("origin=http://elsewhere.example"),
+        "{origin}"
+    );
+    for debug_text in ["Some(", "String(", "Number(", "None", "Object {"] {
+        assert!(!log.contains(debug_text), "{debug_text} in the log: {log}");
+    }
+}
+
+/// The decimals of every number in a text (0 for an integer).
+fn decimals_of_numbers(text: &str) -> Vec<(String, usize)> {
+    text.split(|c: char| !(c.is_ascii_digit() || c == '.'))
+        .filter(|w| w.chars().any(|c| c.is_ascii_digit()))
+        .map(|w| {
+            let w = w.trim_matches('.');
+            (w.to_owned(), w.split('.').nth(1).map_or(0, str::len))
+        })
+        .collect()
+}
+
+/// Issue item 5: `bench` prints rounded figures: tasks/s as a whole
+/// number, the mode as a plain word, milliseconds to two decimals; `--json`
+/// rounds the same way (ms to 0.01, seconds to 0.001, tasks/s to 0.1).
+#[tokio::test]
+async fn item5_bench_prints_rounded_figures() {
+    let server = Server::start(&[]);
+    let cli = Cli::new();
+    let out = cli
+        .run(&server.url, &["bench", "--tasks", "40", "--clients", "2"])
+        .await;
+    assert_eq!(out.code, Some(0), "{out:?}");
+    let first = out.stdout.lines().next().unwrap();
+    let (head, tail) = first.split_once(" tasks/s ").unwrap();
+    let rate = head.rsplit(' ').next().unwrap();
+    assert!(
+        rate.parse::<u64>().is_ok(),
+        "tasks/s is a whole number: {first}"
+    );
+    assert!(tail.starts_with("(2 clients, result)"), "{first}");
+    assert!(first.starts_with("40 tasks in "), "{first}");
+    for (number, decimals) in decimals_of_numbers(&out.stdout) {
+        assert!(decimals <= 2, "{number} in {}", out.stdout);
+    }
+    assert!(out.stdout.contains("p50 "), "{out:?}");
+
+    let out = cli
+        .run(
+            &server.url,
+            &["bench", "--tasks", "20", "--clients", "2", "--json"],
+        )
+        .await;
+    assert_eq!(out.code, Some(0), "{out:?}");
+    let report: Value = serde_json::from_str(&out.stdout).unwrap();
+    assert_eq!(report["mode"], "result");
+    assert_eq!(report["tasks"], 20);
+    let without_url = out.stdout.replace(report["url"].as_str().unwrap(), "");
+    for (number, decimals) in decimals_of_numbers(&without_url) {
+        assert!(decimals <= 3, "{number} in {}", out.stdout);
+    }
+    assert!(
+        report["create"]["p50_ms"].as_f64().unwrap() > 0.0,
+        "{report}"
+    );
+}
+
+/// `taskbroker call approve` with `args` (in `protocol`, as a task or not)
+/// and its stdin closed (not a terminal).
+async fn approve(cli: &Cli, url: &str, protocol: &str, task: bool, extra: &[&str]) -> Out {
+    let mut args = vec![
+        "call",
+        "approve",
+        "--args",
+        r#"{"question":"Ship it?"}"#,
+        "--protocol",
+        protocol,
+    ];
+    if task {
+        args.push("--task");
+    }
+    args.extend_from_slice(extra);
+    cli.run(url, &args).await
+}
+
+/// Issue item 5: the CLI answers a tool's questions itself, in both
+/// protocol generations, plain and as a task (2025: elicitation/create on
+/// the session's stream, declared at initialize; 2026: the input_required
+/// retry of a plain call, tasks/update for a task). `--input` answers
+/// without a terminal, checked against the question's schema: a wrong type
+/// or an unknown field is a usage error (exit 2) naming the field; no
+/// `--input` with a stdin that is not a terminal is exit 2 with the
+/// `--input` to pass; a task left waiting is answered later by `tasks
+/// result ID --input`.
+#[tokio::test]
+async fn item5_call_answers_elicitation_from_input_or_says_how() {
+    let server = Server::start(&[]);
+    let cli = Cli::new();
+    let url = server.url.as_str();
+    for protocol in ["2025-11-25", "2026-07-28"] {
+        for task in [false, true] {
+            let what = format!("{protocol} task={task}");
+            let out = approve(
+                &cli,
+                url,
+                protocol,
+                task,
+                &["--input", r#"{"approved":true}"#],
+            )
+            .await;
+            assert_eq!(out.code, Some(0), "{what}: {out:?}");
+            assert_eq!(out.stdout.trim(), "approved", "{what}: {out:?}");
+            let out = approve(
+                &cli,
+                url,
+                protocol,
+                task,
+                &["--input", r#"{"approved":false}"#],
+            )
+            .await;
+            assert_eq!(out.stdout.trim(), "not approved", "{what}: {out:?}");
+
+            let out = approve(&cli, url, protocol, task, &[]).await;
+            assert_eq!(out.code, Some(2), "{what}: {out:?}");
+            assert!(
+                out.stderr.contains("stdin is not a terminal")
+                    && out.stderr.contains(r#"--input '{"approved":true}'"#),
+                "{what}: {out:?}"
+            );
+
+            for (input, says) in [
+                (r#"{"approved":"yes"}"#, "approved"),
+                (
+                    r#"{"approved":true,"colour":"red"}"#,
+                    "unknown field 'colour'",
+                ),
+                ("{}", "required"),
+            ] {
+                let out = approve(&cli, url, protocol, task, &["--input", input]).await;
+                assert_eq!(out.code, Some(2), "{what} {input}: {out:?}");
+                assert!(
+                    out.stderr.contains("--input does not answer") && out.stderr.contains(says),
+                    "{what} {input}: {out:?}"
+                );
+            }
+        }
+    }
+
+    // Two questions at once (`also`): one --input answers both.
+    for protocol in ["2025-11-25", "2026-07-28"] {
+        let out = cli
+            .run(
+                url,
+                &[
+                    "call",
+                    "approve",
+                    "--args",
+                    r#"{"question":"Ship it?","also":"Really?"}"#,
+                    "--input",
+                    r#"{"approved":true}"#,
+                    "--protocol",
+                    protocol,
+                    "--task",
+                ],
+            )
+            .await;
+        assert_eq!(out.code, Some(0), "{protocol}: {out:?}");
+        assert_eq!(out.stdout.trim(), "approved", "{protocol}: {out:?}");
+    }
+
+    // A task left waiting for its answer is answered by `tasks result`.
+    for protocol in ["2025-11-25", "2026-07-28"] {
+        let out = approve(&cli, url, protocol, true, &[]).await;
+        assert_eq!(out.code, Some(2), "{out:?}");
+        let later = out
+            .stderr
+            .lines()
+            .find_map(|l| l.split("give it later with: ").nth(1))
+            .unwrap_or_else(|| panic!("no follow-up command: {out:?}"));
+        let id = later.split_whitespace().nth(3).unwrap().to_owned();
+        let out = cli
+            .run(
+                url,
+                &[
+                    "tasks",
+                    "result",
+                    &id,
+                    "--protocol",
+                    protocol,
+                    "--input",
+                    r#"{"approved":true}"#,
+                ],
+            )
+            .await;
+        assert_eq!(out.code, Some(0), "{protocol}: {out:?}");
+        let result: Value = serde_json::from_str(&out.stdout).unwrap();
+        assert_eq!(result["content"][0]["text"], "approved", "{out:?}");
+    }
+}
+
+/// Issue item 5: on a terminal (a real pseudo-terminal, made by util-linux
+/// `script`) the CLI asks each field of the question itself: a typed
+/// answer that does not fit the field's type is asked again, `y` answers
+/// it, and the call completes; plain and as a task, in both generations.
+#[tokio::test]
+async fn item5_call_asks_the_question_on_a_terminal() {
+    let has_script = std::process::Command::new("script")
+        .arg("--version")
+        .output()
+        .is_ok_and(|o| o.status.success());
+    if !has_script {
+        use std::io::Write;
+        let _ = writeln!(
+            std::io::stderr(),
+            "skipping the terminal test: no `script` (util-linux) here"
+        );
+        return;
+    }
+    let server = Server::start(&[]);
+    let cli = Cli::new();
+    for protocol in ["2025-11-25", "2026-07-28"] {
+        for task in ["", " --task"] {
+            let line = format!(
+                "{} call approve --args '{{\"question\":\"Ship it?\"}}' --url {} --protocol {protocol}{task}",
+                env!("CARGO_BIN_EXE_taskbroker"),
+                server.url
+            );
+            let mut cmd = tokio::process::Command::new("script");
+            cmd.args(["-qec", &line, "/dev/null"])
+                .env_remove("TASKBROKER_URL")
+                .env_remove("TASKBROKER_TOKEN")
+                .env_remove("RUST_LOG")
+                .env("XDG_STATE_HOME", cli.state_home())
+                .env("HOME", cli.dir.path().join("home"))
+                .current_dir(cli.cwd())
+                .stdin(Stdio::piped())
+                .stdout(Stdio::piped())
+                .stderr(Stdio::piped())
+                .kill_on_drop(true);
+            let mut child = cmd.spawn().unwrap();
+            let mut stdin = child.stdin.take().unwrap();
+            // Typed ahead: the terminal keeps the lines until they are read.
+            stdin.write_all(b"maybe\ny\n").await.unwrap();
+            drop(stdin);
+            let out = tokio::time::timeout(Duration::from_secs(60), child.wait_with_output())
+                .await
+                .expect("finished within 60 s")
+                .unwrap();
+            let text = String::from_utf8_lossy(&out.stdout);
+            let what = format!("{protocol}{task}");
+            assert_eq!(out.status.code(), Some(0), "{what}: {text}");
+            assert!(
+                text.contains("the tool asks: Ship it?") && text.contains("[y/n]"),
+                "{what}: {text}"
+            );
+            assert!(
+                text.contains("answer y or n"),
+                "{what}: asked again: {text}"
+            );
+            assert!(
+                text.trim_end().ends_with("approved"),
+                "{what}: the result last: {text}"
+            );
+        }
+    }
 }

@@ -613,10 +613,13 @@ fn install_packages(dir: &Path) {
     assert!(status.success(), "npm ci in {} failed", dir.display());
 }
 
-/// The pages in a real browser: login refused without an operator token,
-/// the overview, the filtered list, a task's timeline growing live while
-/// another client answers its question, the cancel button. Screenshots go
-/// to `target/console-screenshots/<driver>/`.
+/// The pages in a real browser: the login page with no error before a
+/// try, login refused without an operator token, the overview, the
+/// filtered list, the list fitting a 1400 px window with a long owner and
+/// message (issue item 5), a refused task told apart from a tool failure
+/// (issue item 5), a task's timeline growing live while another client
+/// answers its question, the cancel button. Screenshots go to
+/// `target/console-screenshots/<driver>/`.
 async fn console_in_a_real_browser(driver: Driver) {
     let chromium = match browser() {
         Ok(c) => c,
@@ -637,6 +640,11 @@ async fn console_in_a_real_browser(driver: Driver) {
     let _worker = WorkerProc::start(&server, 1, &[]);
     let ops = create_token(&server, "ops", &["--operator"]);
     let alice_token = create_token(&server, "alice", &[]);
+    let long_owner_token = create_token(
+        &server,
+        "batch-importer-service-account-of-the-operations-team",
+        &[],
+    );
     let mut alice = session(&server, &alice_token).await;
     for _ in 0..3 {
         let id = alice.call_task("sleep", json!({ "seconds": 0.1 })).await["taskId"]
@@ -671,6 +679,7 @@ async fn console_in_a_real_browser(driver: Driver) {
                 .env("TB_SHOTS", shots)
                 .env("TB_SEEDED_TOOL", "sleep")
                 .env("TB_FAILED_TASK", failed)
+                .env("TB_LONG_OWNER_TOKEN", long_owner_token)
                 .env("CHROMIUM", chromium)
                 .output()
                 .expect("node runs")

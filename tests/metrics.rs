@@ -60,6 +60,11 @@ impl Metrics {
     }
 }
 
+/// The entries of a [`Metrics::by`] map whose value is not 0.
+fn nonzero(map: HashMap<String, f64>) -> HashMap<String, f64> {
+    map.into_iter().filter(|(_, v)| *v != 0.0).collect()
+}
+
 fn base(server: &Server) -> String {
     server.url.trim_end_matches("/mcp").to_owned()
 }
@@ -175,14 +180,15 @@ async fn metrics_agree_with_the_database(driver: Driver) {
     let created: Vec<(String, i64)> = db
         .all("SELECT tool, count(*) FROM tasks GROUP BY tool", &[])
         .await;
-    let scraped = b.by("taskbroker_tasks_created_total", "tool");
+    let scraped = nonzero(b.by("taskbroker_tasks_created_total", "tool"));
     assert_eq!(scraped.len(), created.len(), "{scraped:?} vs {created:?}");
     for (tool, n) in &created {
         assert_eq!(scraped.get(tool), Some(&(*n as f64)), "created {tool}");
     }
     assert_eq!(scraped.get("sleep"), Some(&((N + K) as f64)));
     // This broker ran nothing: every finish was the worker's.
-    assert!(b.by("taskbroker_tasks_finished_total", "tool").is_empty());
+    let finished_here = b.by("taskbroker_tasks_finished_total", "tool");
+    assert!(nonzero(finished_here).is_empty());
 
     let queued: Vec<(String, i64)> = db
         .all(
@@ -192,9 +198,10 @@ async fn metrics_agree_with_the_database(driver: Driver) {
         .await;
     assert_eq!(queued, vec![("sleep".to_owned(), K as i64)]);
     assert_eq!(
-        b.by("taskbroker_queue_depth", "tool"),
+        nonzero(b.by("taskbroker_queue_depth", "tool")),
         HashMap::from([("sleep".to_owned(), K as f64)])
     );
+    assert_eq!(b.get("taskbroker_queue_depth", &[("tool", "fail")]), 0.0);
     let age = b.get("taskbroker_queue_oldest_age_seconds", &[("tool", "sleep")]);
     assert!((0.0..60.0).contains(&age), "oldest queued age {age}");
     let live: i64 = db
@@ -414,3 +421,126 @@ max_attempts = 1
     );
 }
 both_drivers!(issue17_rescued_failures_count_as_finished);
+
+/// The metric names of README's metrics table (`taskbroker_...`).
+fn readme_metric_families() -> Vec<String> {
+    let readme =
+        std::fs::read_to_string(concat!(env!("CARGO_MANIFEST_DIR"), "/README.md")).unwrap();
+    readme
+        .lines()
+        .filter_map(|l| l.strip_prefix("| `taskbroker_"))
+        .map(|rest| format!("taskbroker_{}", rest.split('`').next().unwrap()))
+        .collect()
+}
+
+/// The sample lines of a family in a text exposition (a counter's
+/// `_total`, a histogram's `_bucket`, `_sum` and `_count`).
+fn samples_of<'a>(text: &'a str, family: &str) -> Vec<&'a str> {
+    text.lines()
+        .filter(|l| !l.starts_with('#'))
+        .filter(|l| {
+            let name = l.split(['{', ' ']).next().unwrap_or("");
+            name == family
+                || ["_bucket", "_sum", "_count"]
+                    .iter()
+                    .any(|suffix| name.strip_suffix(suffix) == Some(family))
+        })
+        .collect()
+}
+
+/// Issue item 5: a fresh broker's first `/metrics` lists every family
+/// README documents (its HELP and TYPE) with samples (prometheus-client
+/// leaves out a family with none): per tool that may run as a task, tasks
+/// created, finished by status, queue depth, oldest queued age, queue and
+/// run times, all 0; lease expiries by outcome, 0; workers by state; the
+/// probe and scrape endpoints' requests, 0; the process-wide ones. The next
+/// scrape counts the first.
+async fn item5_a_fresh_broker_exports_every_documented_family(driver: Driver) {
+    let server = Server::start_on(driver, &[]);
+    let text = reqwest::get(format!("{}/metrics", base(&server)))
+        .await
+        .unwrap()
+        .text()
+        .await
+        .unwrap();
+    let families = readme_metric_families();
+    assert!(families.len() >= 19, "{families:?}");
+    let mut client = server.client().await;
+    let tools: Vec<String> = client.ok("tools/list", json!({})).await["tools"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter(|t| {
+            t["execution"]["taskSupport"]
+                .as_str()
+                .unwrap_or("forbidden")
+                != "forbidden"
+        })
+        .map(|t| t["name"].as_str().unwrap().to_owned())
+        .collect();
+    assert!(tools.contains(&"sleep".to_owned()), "{tools:?}");
+    assert!(!tools.contains(&"echo".to_owned()), "{tools:?}");
+    for family in &families {
+        let base_name = family.strip_suffix("_total").unwrap_or(family);
+        assert!(
+            text.contains(&format!("# TYPE {base_name} ")),
+            "{family} is not listed:\n{text}"
+        );
+        let samples = samples_of(&text, family);
+        assert!(!samples.is_empty(), "{family} has no sample:\n{text}");
+        let per_tool = [
+            "taskbroker_tasks_created_total",
+            "taskbroker_tasks_finished_total",
+            "taskbroker_queue_depth",
+            "taskbroker_queue_oldest_age_seconds",
+            "taskbroker_job_queue_seconds",
+            "taskbroker_job_run_seconds",
+        ];
+        if per_tool.contains(&family.as_str()) {
+            for tool in &tools {
+                let label = format!("tool=\"{tool}\"");
+                let of_tool: Vec<&&str> = samples.iter().filter(|l| l.contains(&label)).collect();
+                assert!(!of_tool.is_empty(), "{family} has no {label}:\n{text}");
+                for line in of_tool {
+                    let value = line.rsplit(' ').next().unwrap();
+                    if !line.contains("_bucket") {
+                        assert_eq!(value.parse::<f64>().unwrap(), 0.0, "{line}");
+                    }
+                }
+            }
+        }
+    }
+    let m = Metrics::scrape(&base(&server)).await;
+    for status in ["completed", "failed", "cancelled"] {
+        assert_eq!(
+            m.find(
+                "taskbroker_tasks_finished_total",
+                &[("tool", "sleep"), ("status", status)]
+            ),
+            Some(0.0),
+            "{status}"
+        );
+    }
+    for outcome in ["requeued", "failed", "closed"] {
+        assert_eq!(
+            m.find("taskbroker_lease_expiries_total", &[("outcome", outcome)]),
+            Some(0.0),
+            "{outcome}"
+        );
+    }
+    assert!(
+        text.contains(
+            r#"taskbroker_http_requests_total{method="GET",path="/metrics",status="200"} 0"#
+        ),
+        "{text}"
+    );
+    assert_eq!(
+        m.find(
+            "taskbroker_http_requests_total",
+            &[("method", "GET"), ("path", "/metrics"), ("status", "200")]
+        ),
+        Some(1.0),
+        "the first scrape is counted"
+    );
+}
+both_drivers!(item5_a_fresh_broker_exports_every_documented_family);

@@ -611,3 +611,60 @@ async fn issue17_a_broker_names_a_server_without_autovacuum() {
         server.log()
     );
 }
+
+/// `taskbroker ARGS` with the default log settings (no `RUST_LOG`):
+/// exit code, stdout, stderr.
+fn taskbroker_default_logs(args: &[&str]) -> (i32, String, String) {
+    let out = Command::new(env!("CARGO_BIN_EXE_taskbroker"))
+        .args(args)
+        .env_remove("TASKBROKER_DB")
+        .env_remove("RUST_LOG")
+        .output()
+        .unwrap();
+    (
+        out.status.code().unwrap_or(-1),
+        String::from_utf8_lossy(&out.stdout).into_owned(),
+        String::from_utf8_lossy(&out.stderr).into_owned(),
+    )
+}
+
+/// Issue item 5: `token create`, `token list` and `token revoke` print
+/// their answer and nothing else: no log line (a migration note, a
+/// slow-statement warning, the broker's autovacuum advice on a PostgreSQL
+/// server without it), on a fresh database (the first command migrates it)
+/// and on a migrated one.
+async fn item5_token_commands_print_only_their_answer(driver: Driver) {
+    let dir = tempfile::tempdir().unwrap();
+    let pg = match driver {
+        Driver::Sqlite => None,
+        Driver::Postgres => Some(common::pg::PgDb::create().unwrap()),
+    };
+    let db = match &pg {
+        Some(pg) => pg.url.clone(),
+        None => dir.path().join("tokens.db").display().to_string(),
+    };
+    let mut ids = Vec::new();
+    for principal in ["alice", "ops"] {
+        let (code, out, err) =
+            taskbroker_default_logs(&["token", "create", "--principal", principal, "--db", &db]);
+        assert_eq!(code, 0, "{err}");
+        assert_eq!(out.lines().count(), 1, "the token alone: {out}");
+        assert!(out.starts_with("tbk_"), "{out}");
+        let err_lines: Vec<&str> = err.lines().collect();
+        assert_eq!(err_lines.len(), 1, "one line on stderr: {err}");
+        assert!(err_lines[0].starts_with("token "), "{}", err_lines[0]);
+        ids.push(err_lines[0].split_whitespace().nth(1).unwrap().to_owned());
+    }
+    let (code, out, err) = taskbroker_default_logs(&["token", "list", "--db", &db]);
+    assert_eq!(code, 0, "{err}");
+    assert_eq!(err, "", "nothing but the list");
+    assert_eq!(out.lines().count(), 2, "{out}");
+    for id in &ids {
+        assert!(out.lines().any(|l| l.starts_with(id.as_str())), "{out}");
+    }
+    let (code, out, err) = taskbroker_default_logs(&["token", "revoke", &ids[0], "--db", &db]);
+    assert_eq!(code, 0, "{err}");
+    assert_eq!(err, "", "nothing but the answer");
+    assert_eq!(out.trim(), format!("token {} revoked", ids[0]));
+}
+both_drivers!(item5_token_commands_print_only_their_answer);

@@ -198,6 +198,18 @@ fn issue12_p7_every_flag_of_every_command_is_in_readme_commands() {
     assert!(missing.is_empty(), "not in README's Commands: {missing:#?}");
 }
 
+/// Issue item 5: `taskbroker --help` names both protocol generations the
+/// broker serves, as README's introduction does, not only the older one.
+#[test]
+fn item5_help_names_both_protocol_versions() {
+    let text = help(&[]);
+    let about = text.lines().next().unwrap();
+    for version in ["2025-11-25", "2026-07-28"] {
+        assert!(about.contains(version), "{about}");
+        assert!(readme().contains(&format!("MCP {version}")), "{version}");
+    }
+}
+
 /// Issue 12, point 7: every `TASKBROKER_*` variable README names is read by
 /// the program (clap prints `[env: ...]`) or given to command tools, and
 /// every variable the program reads is in README; README's rule for serve
@@ -396,16 +408,13 @@ struct Ran {
     stderr: String,
 }
 
-/// Issue 12, point 7: README's quickstart, run line by line as written
-/// (`cargo run --release --` read as `taskbroker`) with bash in a fresh
-/// folder holding a copy of `examples/`, so `--config` is a relative path:
-/// the server starts and makes its database in the working directory,
-/// `checksum` answers the SHA-256 of examples/taskbroker.toml, and the
-/// `countdown` task runs to its end.
-#[test]
-fn issue12_p7_quickstart_runs_as_written() {
-    let sandbox = Sandbox::new();
-    let block = tested_block(&readme(), "quickstart");
+/// Runs README's block `name` line by line as written (`cargo run
+/// --release --` read as `taskbroker`) with bash in `sandbox`: a line
+/// ending in `&` is started in the background with its output in
+/// `<n>.log` (a `serve` is waited for until it listens, as a person
+/// would); every other line runs to its end.
+fn run_block(sandbox: &Sandbox, name: &str) -> (Reaper, Vec<Ran>) {
+    let block = tested_block(&readme(), name);
     let mut background = Reaper(Vec::new());
     let mut ran = Vec::new();
     for line in block.lines().map(str::trim).filter(|l| !l.is_empty()) {
@@ -415,9 +424,8 @@ fn issue12_p7_quickstart_runs_as_written() {
         let line = line.replace("cargo run --release --", "taskbroker");
         let code = line.split(" #").next().unwrap().trim_end();
         if let Some(command) = code.strip_suffix('&') {
-            // A background job: started, then waited for as a person would
-            // (until it listens).
-            let log = std::fs::File::create(sandbox.path().join("serve.log")).unwrap();
+            let log_path = sandbox.path().join(format!("{}.log", background.0.len()));
+            let log = std::fs::File::create(&log_path).unwrap();
             let child = sandbox
                 .bash()
                 .arg("-c")
@@ -427,7 +435,9 @@ fn issue12_p7_quickstart_runs_as_written() {
                 .spawn()
                 .unwrap();
             background.0.push(child);
-            wait_for_port(sandbox.port, &sandbox.path().join("serve.log"));
+            if command.contains(" serve") {
+                wait_for_port(sandbox.port, &log_path);
+            }
             continue;
         }
         let out = sandbox.bash().arg("-c").arg(&line).output().unwrap();
@@ -438,24 +448,51 @@ fn issue12_p7_quickstart_runs_as_written() {
             stderr: String::from_utf8_lossy(&out.stderr).into_owned(),
         });
     }
-    assert_eq!(
-        background.0.len(),
-        1,
-        "one server in the background: {block}"
+    (background, ran)
+}
+
+/// The run of `taskbroker call TOOL ...` among a block's lines.
+#[track_caller]
+fn call_of<'a>(ran: &'a [Ran], tool: &str) -> &'a Ran {
+    ran.iter()
+        .find(|r| r.line.contains(&format!("call {tool} ")))
+        .unwrap_or_else(|| panic!("no `call {tool}` in the block: {ran:#?}"))
+}
+
+/// `countdown from N finished` on stdout, the task line on stderr, exit 0.
+#[track_caller]
+fn assert_countdown_finished(countdown: &Ran, seconds: u32) {
+    assert_eq!(countdown.code, Some(0), "{countdown:#?}");
+    assert!(
+        countdown
+            .stdout
+            .starts_with(&format!("countdown from {seconds} finished (task ")),
+        "{countdown:#?}"
     );
-    let log = std::fs::read_to_string(sandbox.path().join("serve.log")).unwrap();
+    assert!(
+        countdown.stderr.contains("taskbroker: task "),
+        "{countdown:#?}"
+    );
+}
+
+/// Issue 12, point 7: README's quickstart, run line by line as written
+/// with bash in a fresh folder holding a copy of `examples/`, so
+/// `--config` is a relative path: the server starts and makes its database
+/// in the working directory, `checksum` answers the SHA-256 of
+/// examples/taskbroker.toml, and the `countdown` task runs to its end.
+#[test]
+fn issue12_p7_quickstart_runs_as_written() {
+    let sandbox = Sandbox::new();
+    let (background, ran) = run_block(&sandbox, "quickstart");
+    assert_eq!(background.0.len(), 1, "one server in the background");
+    let log = std::fs::read_to_string(sandbox.path().join("0.log")).unwrap();
     assert!(log.contains("taskbroker listening on"), "{log}");
     assert!(
         sandbox.path().join("taskbroker.db").exists(),
         "the database is made in the working directory"
     );
 
-    let find = |tool: &str| {
-        ran.iter()
-            .find(|r| r.line.contains(&format!("call {tool} ")))
-            .unwrap_or_else(|| panic!("no `call {tool}` in the quickstart: {ran:#?}"))
-    };
-    let checksum = find("checksum");
+    let checksum = call_of(&ran, "checksum");
     assert_eq!(checksum.code, Some(0), "{checksum:#?}");
     let answer: Value = serde_json::from_str(checksum.stdout.trim()).unwrap();
     let file = sandbox.path().join("examples/taskbroker.toml");
@@ -467,19 +504,38 @@ fn issue12_p7_quickstart_runs_as_written() {
         file.canonicalize().unwrap()
     );
 
-    let countdown = find("countdown");
-    assert_eq!(countdown.code, Some(0), "{countdown:#?}");
-    assert!(
-        countdown
-            .stdout
-            .starts_with("countdown from 5 finished (task "),
-        "{countdown:#?}"
-    );
-    assert!(
-        countdown.stderr.contains("taskbroker: task "),
-        "{countdown:#?}"
-    );
+    assert_countdown_finished(call_of(&ran, "countdown"), 5);
     assert_eq!(ran.len(), 2, "{ran:#?}");
+}
+
+/// Issue item 5: README's "Worker processes" commands, run as written from
+/// a folder like the repository's root: every command succeeds (the config
+/// file is `examples/taskbroker.toml`), and the countdown task finishes
+/// although the server runs no jobs itself, so the worker process ran it;
+/// `taskbroker workers` shows that process live.
+#[test]
+fn item5_worker_processes_run_as_written() {
+    let sandbox = Sandbox::new();
+    let (background, ran) = run_block(&sandbox, "workers");
+    assert_eq!(background.0.len(), 2, "a server and a worker: {ran:#?}");
+    for r in &ran {
+        assert_eq!(r.code, Some(0), "{r:#?}");
+    }
+    assert_countdown_finished(call_of(&ran, "countdown"), 2);
+    let out = sandbox
+        .bash()
+        .args(["-c", "taskbroker workers --json"])
+        .output()
+        .unwrap();
+    assert!(out.status.success(), "{out:?}");
+    let pools: Value = serde_json::from_slice(&out.stdout).unwrap();
+    let kinds: Vec<(&str, &str)> = pools
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|p| (p["kind"].as_str().unwrap(), p["state"].as_str().unwrap()))
+        .collect();
+    assert!(kinds.contains(&("process", "live")), "{pools}");
 }
 
 #[track_caller]
@@ -617,4 +673,74 @@ async fn issue16_curl_2026_example_runs_as_written() {
     assert_eq!(result(3)["status"], "completed");
     assert_eq!(result(3)["resultType"], "complete");
     assert_eq!(result(3)["result"]["content"][0]["text"], "slept 2 s");
+}
+
+/// The byte offset where each column of a header line starts.
+fn column_starts(header: &str) -> Vec<usize> {
+    let mut starts = Vec::new();
+    let mut at = 0;
+    for word in header.split_whitespace() {
+        let found = header[at..].find(word).unwrap() + at;
+        starts.push(found);
+        at = found + word.len();
+    }
+    starts
+}
+
+/// Whether every line's cells start where the header's columns start (a
+/// line may end early: an empty last cell).
+fn aligned(lines: &[&str]) -> bool {
+    let starts = column_starts(lines[0]);
+    lines[1..].iter().all(|line| {
+        let bytes = line.as_bytes();
+        starts
+            .iter()
+            .filter(|&&s| s > 0 && s < bytes.len())
+            .all(|&s| bytes[s - 1] == b' ' && bytes[s] != b' ')
+    })
+}
+
+/// Issue item 5: `taskbroker tasks list` prints the header README shows
+/// (the same columns, in the same order), its rows aligned under it as in
+/// README's sample; the two tasks a user just made show, newest first.
+#[tokio::test]
+async fn item5_tasks_list_prints_the_header_readme_shows() {
+    let block = tested_block(&readme(), "tasks-list");
+    let sample: Vec<&str> = block
+        .lines()
+        .skip_while(|l| !l.starts_with("$ taskbroker tasks list"))
+        .skip(1)
+        .filter(|l| !l.trim().is_empty())
+        .collect();
+    assert!(sample.len() >= 2, "{block}");
+    assert!(aligned(&sample), "README's sample is aligned: {block}");
+
+    let server = common::Server::start(&[]);
+    let sandbox = Sandbox::new();
+    let run = |line: &str| {
+        let out = sandbox
+            .bash()
+            .arg("-c")
+            .arg(format!("{line} --url {}", server.url))
+            .output()
+            .unwrap();
+        (
+            out.status.code(),
+            String::from_utf8_lossy(&out.stdout).into_owned(),
+        )
+    };
+    assert_eq!(
+        run(r#"taskbroker call sleep --args '{"seconds":0}' --task"#).0,
+        Some(0)
+    );
+    assert_eq!(run("taskbroker call fail --task").0, Some(1));
+    let (code, stdout) = run("taskbroker tasks list");
+    assert_eq!(code, Some(0), "{stdout}");
+    let lines: Vec<&str> = stdout.lines().collect();
+    assert_eq!(lines.len(), 3, "a header and two tasks: {stdout}");
+    let words = |l: &str| l.split_whitespace().map(str::to_owned).collect::<Vec<_>>();
+    assert_eq!(words(lines[0]), words(sample[0]), "{stdout}");
+    assert!(aligned(&lines), "{stdout}");
+    assert_eq!(words(lines[1])[1..3], ["failed", "fail"], "{stdout}");
+    assert_eq!(words(lines[2])[1..3], ["completed", "sleep"], "{stdout}");
 }

@@ -469,7 +469,7 @@ impl Broker {
         // The writer hands the job to this process's pool, or wakes it, and
         // kicks the feed.
         let row = self.writer.create(new, job, refused).await?;
-        tracing::info!(task_id = %row.task_id, tool = name, ttl_ms = ?ttl_ms, "task created");
+        tracing::info!(task_id = %row.task_id, tool = name, ttl_ms, "task created");
         Ok(task_from_row(&row))
     }
 

@@ -84,14 +84,27 @@ fn percentile(sorted: &[f64], p: f64) -> f64 {
     sorted[rank.min(sorted.len() - 1)]
 }
 
+/// `x` rounded to `decimals` places: figures are printed to what a clock
+/// of this kind can tell (milliseconds to 0.01, seconds to 0.001), not to
+/// the last bit of a float.
+fn round(x: f64, decimals: i32) -> f64 {
+    let scale = 10f64.powi(decimals);
+    (x * scale).round() / scale
+}
+
+/// Milliseconds to hundredths (10 µs).
+fn round_ms(ms: f64) -> f64 {
+    round(ms, 2)
+}
+
 fn summary(mut v: Vec<f64>) -> Value {
     v.sort_by(|a, b| a.total_cmp(b));
     json!({
         "n": v.len(),
-        "p50_ms": percentile(&v, 50.0),
-        "p90_ms": percentile(&v, 90.0),
-        "p99_ms": percentile(&v, 99.0),
-        "max_ms": v.last().copied().unwrap_or(f64::NAN),
+        "p50_ms": round_ms(percentile(&v, 50.0)),
+        "p90_ms": round_ms(percentile(&v, 90.0)),
+        "p99_ms": round_ms(percentile(&v, 99.0)),
+        "max_ms": round_ms(v.last().copied().unwrap_or(f64::NAN)),
     })
 }
 
@@ -267,8 +280,8 @@ async fn hold_waiters(args: Arc<BenchArgs>, arguments: Value, n: usize) -> u8 {
     };
     println!(
         "{}",
-        json!({ "ready": streams.len(), "create_s": create_s,
-                "open_s": opened.elapsed().as_secs_f64() })
+        json!({ "ready": streams.len(), "create_s": round(create_s, 3),
+                "open_s": round(opened.elapsed().as_secs_f64(), 3) })
     );
     tokio::time::sleep(Duration::from_secs(args.hold_secs)).await;
     drop(streams);
@@ -311,15 +324,23 @@ async fn drive(args: Arc<BenchArgs>, arguments: Value, left: Arc<AtomicUsize>) -
     } else {
         all.terminal.len()
     };
+    let mode = if args.plain {
+        "plain"
+    } else if args.wait == WaitMode::Poll {
+        "poll"
+    } else {
+        "result"
+    };
+    let per_second = round(done as f64 / wall, 1);
     let report = json!({
         "url": args.connection.url.as_str(),
         "tool": args.tool,
         "clients": args.clients,
-        "mode": if args.plain { "plain" } else if args.wait == WaitMode::Poll { "poll" } else { "result" },
+        "mode": mode,
         "tasks": done,
         "errors": all.errors,
-        "seconds": wall,
-        "tasks_per_s": done as f64 / wall,
+        "seconds": round(wall, 3),
+        "tasks_per_s": per_second,
         "create": summary(all.create),
         "terminal": summary(all.terminal),
         "result": summary(all.result),
@@ -328,8 +349,8 @@ async fn drive(args: Arc<BenchArgs>, arguments: Value, left: Arc<AtomicUsize>) -
         println!("{report}");
     } else {
         println!(
-            "{} tasks in {:.2} s: {:.0} tasks/s ({} clients, {}), {} errors",
-            done, wall, report["tasks_per_s"], args.clients, report["mode"], all.errors
+            "{done} tasks in {wall:.2} s: {per_second:.0} tasks/s ({} clients, {mode}), {} errors",
+            args.clients, all.errors
         );
         for part in ["create", "terminal", "result"] {
             let s = &report[part];

@@ -23,7 +23,8 @@ pub async fn run(args: CallArgs) -> u8 {
     }
     // Listen for Ctrl-C before anything is created, so it is never lost.
     let mut interrupt = Interrupt::new();
-    let mut cli = match CliSession::open(&args.conn).await {
+    let answerer = super::input::Answerer::new(args.input.clone());
+    let mut cli = match CliSession::open(&args.conn, answerer).await {
         Ok(c) => c,
         Err(e) => {
             eprintln!("taskbroker: {e}");
@@ -177,6 +178,14 @@ async fn as_task(cli: &mut CliSession, args: &CallArgs, interrupt: &mut Interrup
             } else {
                 code
             }
+        }
+        Some(Err(e @ McpError::Input(_))) => {
+            let code = fail(&e);
+            eprintln!(
+                "taskbroker: task {task_id} waits for that answer; give it later with: {} --input JSON",
+                follow_up(cli, args, &task_id)
+            );
+            code
         }
         Some(Err(e)) => fail(&e),
         None => on_interrupt(cli, args, &task_id, &mut progress, interrupt).await,

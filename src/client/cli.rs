@@ -14,7 +14,8 @@ started, across invocations and broker restarts. --session ID looks at another s
 instead.";
 
 const EXIT_HELP: &str = "Exit codes: 0 success; 1 the tool failed (isError, task failed or \
-cancelled, JSON-RPC error); 2 usage error (bad --args JSON, bad URL); 3 server unreachable or \
+cancelled, JSON-RPC error); 2 usage error (bad --args JSON, bad URL, a question of the tool \
+without a terminal or --input, an --input that does not fit); 3 server unreachable or \
 protocol error; 130 interrupted (Ctrl-C).";
 
 /// Where the broker is, and which session to use.
@@ -84,6 +85,12 @@ pub struct CallArgs {
     /// Print the whole result as JSON instead of its text content.
     #[arg(long)]
     pub json: bool,
+    /// The answer to the tool's questions (elicitation), as a JSON object
+    /// that must fit each question's schema, e.g. '{"approved": true}'.
+    /// Without it, questions are asked on the terminal (an error when stdin
+    /// is not one).
+    #[arg(long, value_name = "JSON", value_parser = parse_json_object)]
+    pub input: Option<Map<String, Value>>,
     /// Broker and session.
     #[command(flatten)]
     pub conn: Connection,
@@ -137,6 +144,9 @@ pub enum TasksCommand {
     Result {
         /// The task id.
         id: String,
+        /// The answer to the task's questions (elicitation), as for `call`.
+        #[arg(long, value_name = "JSON", value_parser = parse_json_object)]
+        input: Option<Map<String, Value>>,
         /// Broker and session.
         #[command(flatten)]
         conn: Connection,

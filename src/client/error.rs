@@ -1,6 +1,7 @@
 //! What can go wrong talking to an MCP server, and the exit code each
 //! failure maps to.
 
+use super::input::InputError;
 use crate::mcp::RpcError;
 
 /// Exit code: success.
@@ -29,6 +30,13 @@ pub enum McpError {
         /// The JSON-RPC error message of the body, or the body itself.
         message: String,
     },
+    /// The broker wants a bearer token (HTTP 401): none was sent, or the
+    /// one sent is unknown, revoked or expired.
+    #[error("{}", unauthorized_advice(*.token_sent))]
+    Unauthorized {
+        /// Whether the request carried a token (`--token`, `TASKBROKER_TOKEN`).
+        token_sent: bool,
+    },
     /// No connection could be made.
     #[error("cannot reach {url}: {reason}")]
     Connect {
@@ -43,9 +51,37 @@ pub enum McpError {
     /// The server's answer broke the protocol.
     #[error("protocol error: {0}")]
     Protocol(String),
+    /// A question of the tool could not be answered (no terminal and no
+    /// `--input`, an `--input` that does not fit, a kind of request this
+    /// client does not serve).
+    #[error("{0}")]
+    Input(#[from] InputError),
+}
+
+/// What a 401 means to the person at the command line, and what to do.
+fn unauthorized_advice(token_sent: bool) -> &'static str {
+    if token_sent {
+        "the broker refused the token (HTTP 401: unknown, revoked or expired): \
+         pass a valid one with --token TOKEN or TASKBROKER_TOKEN \
+         (`taskbroker token list` shows which are valid)"
+    } else {
+        "the broker requires a token (HTTP 401): pass --token TOKEN or set \
+         TASKBROKER_TOKEN (`taskbroker token create --principal NAME` on the \
+         broker's database makes one)"
+    }
 }
 
 impl McpError {
+    /// The error for a non-2xx HTTP answer: 401 becomes
+    /// [`McpError::Unauthorized`], which says how to pass a token.
+    pub fn http(status: u16, message: String, token_sent: bool) -> Self {
+        if status == 401 {
+            Self::Unauthorized { token_sent }
+        } else {
+            Self::Http { status, message }
+        }
+    }
+
     /// The JSON-RPC error, when the server answered with one.
     pub fn rpc(&self) -> Option<&RpcError> {
         match self {
@@ -61,6 +97,8 @@ impl McpError {
         match self {
             Self::Rpc(_) => EXIT_FAILURE,
             Self::Http { status: 404, .. } => EXIT_FAILURE,
+            Self::Input(InputError::Unsupported { .. }) => EXIT_FAILURE,
+            Self::Input(_) => EXIT_USAGE,
             _ => EXIT_UNREACHABLE,
         }
     }

@@ -12,6 +12,7 @@ mod bench;
 mod call;
 mod cli;
 mod error;
+pub mod input;
 mod output;
 mod progress;
 mod session;
@@ -34,6 +35,7 @@ pub use error::{EXIT_FAILURE, EXIT_INTERRUPTED, EXIT_OK, EXIT_UNREACHABLE, EXIT_
 pub use tasks::run as tasks;
 
 use crate::mcp::{LATEST_PROTOCOL_VERSION, RpcError};
+use input::Answerer;
 use sse::SseParser;
 
 /// `clientInfo.name` sent in initialize.
@@ -72,6 +74,9 @@ pub struct McpClient {
     next_id: AtomicI64,
     /// `Authorization: Bearer ...`, when the broker needs a token.
     token: Option<String>,
+    /// Answers the tool's questions (elicitation); with one, initialize
+    /// declares the elicitation capability.
+    answerer: Option<Answerer>,
 }
 
 impl McpClient {
@@ -93,7 +98,13 @@ impl McpClient {
             owns_session: false,
             next_id: AtomicI64::new(1),
             token: None,
+            answerer: None,
         })
+    }
+
+    /// Answer elicitation requests with `answerer` (declared at initialize).
+    pub fn set_answerer(&mut self, answerer: Answerer) {
+        self.answerer = Some(answerer);
     }
 
     /// A client with a new, initialized session.
@@ -154,12 +165,18 @@ impl McpClient {
         self.owns_session = false;
     }
 
-    /// initialize (protocol 2025-11-25, no client capabilities), remember the
-    /// session, send notifications/initialized. Returns the initialize result.
+    /// initialize (protocol 2025-11-25; the elicitation capability when
+    /// this client has an answerer), remember the session, send
+    /// notifications/initialized. Returns the initialize result.
     pub async fn initialize(&mut self) -> Result<Value, McpError> {
+        let capabilities = if self.answerer.is_some() {
+            Answerer::capabilities()
+        } else {
+            json!({})
+        };
         let params = json!({
             "protocolVersion": LATEST_PROTOCOL_VERSION,
-            "capabilities": {},
+            "capabilities": capabilities,
             "clientInfo": { "name": CLIENT_NAME, "version": env!("CARGO_PKG_VERSION") },
         });
         let id = self.next_id.fetch_add(1, Ordering::Relaxed);
@@ -175,7 +192,7 @@ impl McpClient {
         }
         self.owns_session = session.is_some();
         self.session = session;
-        tracing::debug!(session = ?self.session, version = %self.protocol_version, "initialized");
+        tracing::debug!(session = self.session.as_deref(), version = %self.protocol_version, "initialized");
         self.notify("notifications/initialized", None).await?;
         Ok(result)
     }
@@ -188,7 +205,9 @@ impl McpClient {
 
     /// Send a request; notifications that arrive on its SSE answer before
     /// the response go to `on_note`, in order. Requests from the server on
-    /// that stream are answered: `ping` with `{}`, anything else with -32601.
+    /// that stream are answered: `ping` with `{}`, `elicitation/create` by
+    /// the answerer (a question it cannot answer ends the request with
+    /// [`McpError::Input`]), anything else with -32601.
     pub async fn request_with(
         &self,
         method: &str,
@@ -273,7 +292,7 @@ impl McpClient {
             .send()
             .await
             .map_err(|e| self.send_error(e))?;
-        check_status(response).await
+        check_status(response, self.token.is_some()).await
     }
 
     fn send_error(&self, e: reqwest::Error) -> McpError {
@@ -343,7 +362,7 @@ impl McpClient {
                     "the SSE stream ended without a response ({MAX_RESUMES} reconnections failed)"
                 )));
             }
-            tracing::debug!(last_event_id = %last, ?retry, "SSE stream ended early; resuming");
+            tracing::debug!(last_event_id = %last, retry_ms = retry.as_millis(), "SSE stream ended early; resuming");
             tokio::time::sleep(retry).await;
             response = self.resume(&last).await?;
         }
@@ -382,7 +401,7 @@ impl McpClient {
             .send()
             .await
             .map_err(|e| self.send_error(e))?;
-        check_status(response).await
+        check_status(response, self.token.is_some()).await
     }
 
     /// Handle one message of an answer: the response to `id` ends the wait
@@ -396,8 +415,14 @@ impl McpClient {
         let method = message.get("method").and_then(Value::as_str);
         match (method, message.get("id")) {
             (Some(method), Some(request_id)) => {
-                self.answer_server_request(method, request_id).await;
-                None
+                let params = message.get("params").cloned().unwrap_or(Value::Null);
+                match self
+                    .answer_server_request(method, request_id, &params)
+                    .await
+                {
+                    Ok(()) => None,
+                    Err(e) => Some(Err(McpError::Input(e))),
+                }
             }
             (Some(method), None) => {
                 on_note(Notification {
@@ -425,17 +450,36 @@ impl McpClient {
         }
     }
 
-    /// We declare no capabilities, so only `ping` gets a real answer.
-    async fn answer_server_request(&self, method: &str, request_id: &Value) {
-        let body = if method == "ping" {
-            json!({ "jsonrpc": "2.0", "id": request_id, "result": {} })
-        } else {
+    /// `ping`, and `elicitation/create` when this client has an answerer;
+    /// other requests get -32601. A question that cannot be answered here
+    /// (no terminal, a bad `--input`) is left unanswered and returned: a
+    /// task keeps waiting for it.
+    async fn answer_server_request(
+        &self,
+        method: &str,
+        request_id: &Value,
+        params: &Value,
+    ) -> Result<(), input::InputError> {
+        let not_found = || {
             json!({ "jsonrpc": "2.0", "id": request_id,
                     "error": { "code": -32601, "message": format!("Method not found: {method}") } })
+        };
+        let body = match (method, &self.answerer) {
+            ("ping", _) => json!({ "jsonrpc": "2.0", "id": request_id, "result": {} }),
+            (input::ELICITATION, Some(answerer)) => {
+                // The terminal is read on this thread (the runtime has others).
+                match tokio::task::block_in_place(|| answerer.answer(method, params)) {
+                    Ok(result) => json!({ "jsonrpc": "2.0", "id": request_id, "result": result }),
+                    Err(input::InputError::Unsupported { .. }) => not_found(),
+                    Err(e) => return Err(e),
+                }
+            }
+            _ => not_found(),
         };
         if let Err(e) = self.post(&body).await {
             tracing::debug!(method, error = %e, "answering a server request failed");
         }
+        Ok(())
     }
 }
 
@@ -451,9 +495,12 @@ fn is_sse(response: &reqwest::Response) -> bool {
         .is_some_and(|ct| ct.trim_start().starts_with("text/event-stream"))
 }
 
-/// Turn a non-2xx answer into [`McpError::Http`], with the JSON-RPC error
+/// Turn a non-2xx answer into [`McpError::http`], with the JSON-RPC error
 /// message of its body when it has one.
-async fn check_status(response: reqwest::Response) -> Result<reqwest::Response, McpError> {
+async fn check_status(
+    response: reqwest::Response,
+    token_sent: bool,
+) -> Result<reqwest::Response, McpError> {
     let status = response.status();
     if status.is_success() {
         return Ok(response);
@@ -471,10 +518,7 @@ async fn check_status(response: reqwest::Response) -> Result<reqwest::Response, 
                 format!("{reason}: {}", body.trim())
             }
         });
-    Err(McpError::Http {
-        status: status.as_u16(),
-        message,
-    })
+    Err(McpError::http(status.as_u16(), message, token_sent))
 }
 
 /// The innermost cause of an error (e.g. "Connection refused (os error 111)").

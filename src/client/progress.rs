@@ -2,12 +2,36 @@
 //! is a terminal, nothing otherwise (no noise in scripts and logs).
 
 use std::io::IsTerminal;
+use std::sync::Mutex;
 use std::time::Duration;
 
 use indicatif::{ProgressBar, ProgressStyle};
 
 /// Steps of a bar with a known total.
 const STEPS: u64 = 1000;
+
+/// The bar on screen, so that a question asked on the terminal can hide it
+/// while it waits for the answer ([`suspended`]).
+static SHOWN: Mutex<Option<ProgressBar>> = Mutex::new(None);
+
+/// Run `f` (which writes to and reads from the terminal) with the progress
+/// display, if any, hidden; it comes back afterwards.
+pub fn suspended<R>(f: impl FnOnce() -> R) -> R {
+    let shown = SHOWN
+        .lock()
+        .unwrap_or_else(|poisoned| poisoned.into_inner())
+        .clone();
+    match shown {
+        Some(bar) => bar.suspend(f),
+        None => f(),
+    }
+}
+
+fn show(bar: Option<&ProgressBar>) {
+    *SHOWN
+        .lock()
+        .unwrap_or_else(|poisoned| poisoned.into_inner()) = bar.cloned();
+}
 
 /// A spinner that turns into a bar once a total is known.
 #[derive(Debug)]
@@ -30,6 +54,7 @@ impl Progress {
             bar.enable_steady_tick(Duration::from_millis(120));
             bar
         });
+        show(bar.as_ref());
         Self {
             bar,
             has_total: false,
@@ -74,6 +99,7 @@ impl Progress {
     pub fn clear(&self) {
         if let Some(bar) = &self.bar {
             bar.finish_and_clear();
+            show(None);
         }
     }
 }

@@ -4,6 +4,7 @@
 //! client keeps are never ended, so a task started by one invocation can be
 //! looked at by the next, across broker restarts.
 
+use super::input::Answerer;
 use super::state::CliState;
 use super::{Connection, McpClient, McpError};
 
@@ -32,10 +33,13 @@ impl CliSession {
     /// `--session`, else the stored session, else a new one (stored). A new
     /// session is made under the state file's lock, so two invocations that
     /// start at once share one session instead of each storing its own.
-    pub async fn open(conn: &Connection) -> Result<Self, McpError> {
+    /// The client answers the tool's questions with `answerer` (and a new
+    /// session declares that it can).
+    pub async fn open(conn: &Connection, answerer: Answerer) -> Result<Self, McpError> {
         let state = CliState::for_connection(conn);
         let mut client = McpClient::new(conn.url.clone())?;
         client.set_token(conn.token.clone());
+        client.set_answerer(answerer);
         if let Some(id) = &conn.session {
             client.use_session(id);
             return Ok(Self {

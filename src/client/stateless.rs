@@ -8,6 +8,12 @@
 //!
 //! Without tokens, such a task belongs to no one in particular: its id is
 //! what lets `tasks get|result|cancel` reach it from any shell.
+//!
+//! Every request declares form elicitation: the tool's questions are
+//! answered by the [`Answerer`] (`--input`, or the terminal): a plain
+//! call's `input_required` result is retried with `inputResponses` and its
+//! `requestState`; a task's `inputRequests` are answered with
+//! `tasks/update`.
 
 use std::io::Write;
 use std::sync::atomic::{AtomicI64, Ordering};
@@ -15,8 +21,9 @@ use std::time::Duration;
 
 use reqwest::Url;
 use reqwest::header::{ACCEPT, AUTHORIZATION, CONTENT_TYPE, HeaderMap, HeaderValue};
-use serde_json::{Value, json};
+use serde_json::{Map, Value, json};
 
+use super::input::Answerer;
 use super::output::{print_json, print_result};
 use super::progress::Progress;
 use super::sse::SseParser;
@@ -27,16 +34,22 @@ use super::{
 use crate::mcp::RpcError;
 use crate::mcp::modern;
 
+/// Rounds of `input_required` a plain call may take before the client
+/// gives up (a tool that keeps asking).
+const MAX_INPUT_ROUNDS: usize = 16;
+
 /// A client of the 2026-07-28 generation: one POST per request.
 struct StatelessClient {
     http: reqwest::Client,
     url: Url,
     token: Option<String>,
     next_id: AtomicI64,
+    /// Answers the tool's questions.
+    answerer: Answerer,
 }
 
 impl StatelessClient {
-    fn new(conn: &Connection) -> Result<Self, McpError> {
+    fn new(conn: &Connection, answerer: Answerer) -> Result<Self, McpError> {
         let http = reqwest::Client::builder()
             .connect_timeout(Duration::from_secs(10))
             .read_timeout(Duration::from_secs(300))
@@ -53,7 +66,23 @@ impl StatelessClient {
             url: conn.url.clone(),
             token: conn.token.clone(),
             next_id: AtomicI64::new(1),
+            answerer,
         })
+    }
+
+    /// The answers to `requests` (`{key: {method, params}}`) as
+    /// `inputResponses`; the terminal is read on this thread.
+    fn answer_all(&self, requests: &Value) -> Result<Map<String, Value>, McpError> {
+        let mut responses = Map::new();
+        if let Some(requests) = requests.as_object() {
+            for (key, request) in requests {
+                let method = request.get("method").and_then(Value::as_str).unwrap_or("");
+                let params = request.get("params").unwrap_or(&Value::Null);
+                let answer = tokio::task::block_in_place(|| self.answerer.answer(method, params))?;
+                responses.insert(key.clone(), answer);
+            }
+        }
+        Ok(responses)
     }
 
     /// Send `method` with `params` (plus the `_meta` envelope); with
@@ -64,11 +93,13 @@ impl StatelessClient {
             Value::Object(p) => p,
             _ => serde_json::Map::new(),
         };
-        let capabilities = if tasks {
-            modern::tasks_capability()
-        } else {
-            json!({})
-        };
+        let mut capabilities = Answerer::capabilities();
+        if tasks
+            && let (Some(all), Value::Object(task)) =
+                (capabilities.as_object_mut(), modern::tasks_capability())
+        {
+            all.extend(task);
+        }
         params.insert(
             "_meta".into(),
             json!({
@@ -150,10 +181,11 @@ impl StatelessClient {
                 m.get("error").unwrap_or(&Value::Null),
             ))),
             Some(m) if m.get("result").is_some() => Ok(m["result"].clone()),
-            _ if !status.is_success() => Err(McpError::Http {
-                status: status.as_u16(),
-                message: text.chars().take(300).collect(),
-            }),
+            _ if !status.is_success() => Err(McpError::http(
+                status.as_u16(),
+                text.chars().take(300).collect(),
+                self.token.is_some(),
+            )),
             _ => Err(McpError::Protocol(format!(
                 "no answer to request {id} in: {}",
                 text.chars().take(300).collect::<String>()
@@ -169,7 +201,7 @@ fn fail(e: &McpError) -> u8 {
 
 /// `taskbroker call --protocol 2026-07-28`.
 pub async fn call(args: &CallArgs) -> u8 {
-    let client = match StatelessClient::new(&args.conn) {
+    let client = match StatelessClient::new(&args.conn, Answerer::new(args.input.clone())) {
         Ok(c) => c,
         Err(e) => return fail(&e),
     };
@@ -181,7 +213,7 @@ pub async fn call(args: &CallArgs) -> u8 {
     }
     let params = json!({ "name": args.tool, "arguments": args.args });
     let answer = tokio::select! {
-        answer = client.request("tools/call", params, args.task) => answer,
+        answer = call_answering(&client, params, args.task) => answer,
         _ = tokio::signal::ctrl_c() => {
             eprintln!("\ntaskbroker: interrupted");
             return EXIT_INTERRUPTED;
@@ -199,14 +231,6 @@ pub async fn call(args: &CallArgs) -> u8 {
     };
     match answer.get("resultType").and_then(Value::as_str) {
         Some("task") => {}
-        Some("input_required") => {
-            eprintln!(
-                "taskbroker: {} asks for input, which this command cannot give (its questions: {})",
-                args.tool,
-                answer.get("inputRequests").unwrap_or(&Value::Null)
-            );
-            return EXIT_FAILURE;
-        }
         // The broker ran it at once (a tool that never runs as a task).
         _ => return print_result(&answer, args.json),
     }
@@ -229,10 +253,71 @@ pub async fn call(args: &CallArgs) -> u8 {
     follow(&client, task_id, answer.clone(), args.json).await
 }
 
-/// Poll `tasks/get` until the task ends; print its result or error.
+/// `tools/call`, retried with the answers while the result is
+/// `input_required` (the multi-round flow of plain calls; a task's first
+/// questions, before it exists, come the same way).
+async fn call_answering(
+    client: &StatelessClient,
+    mut params: Value,
+    tasks: bool,
+) -> Result<Value, McpError> {
+    for _ in 0..MAX_INPUT_ROUNDS {
+        let answer = client.request("tools/call", params.clone(), tasks).await?;
+        if answer.get("resultType").and_then(Value::as_str) != Some("input_required") {
+            return Ok(answer);
+        }
+        let requests = answer.get("inputRequests").unwrap_or(&Value::Null);
+        let responses = client.answer_all(requests)?;
+        let mut earlier = params
+            .get("inputResponses")
+            .and_then(Value::as_object)
+            .cloned()
+            .unwrap_or_default();
+        earlier.extend(responses);
+        params["inputResponses"] = Value::Object(earlier);
+        params["requestState"] = answer.get("requestState").cloned().unwrap_or(Value::Null);
+    }
+    Err(McpError::Protocol(format!(
+        "the tool asked for input {MAX_INPUT_ROUNDS} times in a row; giving up"
+    )))
+}
+
+/// Answer the `inputRequests` of a task in `input_required` that were not
+/// answered yet, with `tasks/update`.
+async fn answer_task(
+    client: &StatelessClient,
+    task_id: &str,
+    task: &Value,
+    answered: &mut std::collections::HashSet<String>,
+) -> Result<(), McpError> {
+    let Some(requests) = task.get("inputRequests").and_then(Value::as_object) else {
+        return Ok(());
+    };
+    let open: Map<String, Value> = requests
+        .iter()
+        .filter(|(key, _)| !answered.contains(*key))
+        .map(|(k, v)| (k.clone(), v.clone()))
+        .collect();
+    if open.is_empty() {
+        return Ok(());
+    }
+    let responses = client.answer_all(&Value::Object(open))?;
+    answered.extend(responses.keys().cloned());
+    client
+        .request(
+            "tasks/update",
+            json!({ "taskId": task_id, "inputResponses": responses }),
+            true,
+        )
+        .await
+        .map(drop)
+}
+
+/// Poll `tasks/get` until the task ends, answering its questions; print its
+/// result or error.
 async fn follow(client: &StatelessClient, task_id: &str, mut task: Value, json: bool) -> u8 {
     let progress = Progress::new(&format!("task {task_id}"));
-    let mut told_input = false;
+    let mut answered = std::collections::HashSet::new();
     loop {
         let status = task.get("status").and_then(Value::as_str).unwrap_or("");
         match status {
@@ -266,13 +351,19 @@ async fn follow(client: &StatelessClient, task_id: &str, mut task: Value, json: 
                 eprintln!("taskbroker: task {task_id} was cancelled");
                 return EXIT_FAILURE;
             }
-            "input_required" if !told_input => {
-                told_input = true;
+            "input_required" => {
                 progress.clear();
-                eprintln!(
-                    "taskbroker: task {task_id} waits for input (tasks/update): {}",
-                    task.get("inputRequests").unwrap_or(&Value::Null)
-                );
+                if let Err(e) = answer_task(client, task_id, &task, &mut answered).await {
+                    let code = fail(&e);
+                    if matches!(e, McpError::Input(_)) {
+                        eprintln!(
+                            "taskbroker: task {task_id} waits for that answer; give it later with: \
+                             taskbroker tasks result {task_id} --protocol {} --input JSON",
+                            modern::VERSION
+                        );
+                    }
+                    return code;
+                }
             }
             _ => {}
         }
@@ -321,10 +412,14 @@ pub async fn tasks(args: &TasksArgs) -> u8 {
             return EXIT_USAGE;
         }
         TasksCommand::Get { conn, id }
-        | TasksCommand::Result { conn, id }
+        | TasksCommand::Result { conn, id, .. }
         | TasksCommand::Cancel { conn, id } => (conn, id),
     };
-    let client = match StatelessClient::new(conn) {
+    let given = match &args.command {
+        TasksCommand::Result { input, .. } => input.clone(),
+        _ => None,
+    };
+    let client = match StatelessClient::new(conn, Answerer::new(given)) {
         Ok(c) => c,
         Err(e) => return fail(&e),
     };

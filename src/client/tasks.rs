@@ -25,7 +25,11 @@ pub async fn run(args: TasksArgs) -> u8 {
     if args.protocol.protocol == Protocol::V2026 {
         return super::stateless::tasks(&args).await;
     }
-    let cli = match CliSession::open(conn).await {
+    let given = match &args.command {
+        TasksCommand::Result { input, .. } => input.clone(),
+        _ => None,
+    };
+    let cli = match CliSession::open(conn, super::input::Answerer::new(given)).await {
         Ok(c) => c,
         Err(e) => {
             eprintln!("taskbroker: {e}");
@@ -40,11 +44,15 @@ pub async fn run(args: TasksArgs) -> u8 {
     }
 }
 
-/// tasks/list, one line per task; every page with `all`.
+/// The header of `tasks list`, as README shows it.
+const LIST_HEADER: [&str; 5] = ["taskId", "status", "tool", "lastUpdatedAt", "statusMessage"];
+
+/// tasks/list as a table under a header line (none when there are no
+/// tasks); every page with `all`.
 async fn list(cli: &CliSession, all: bool) -> u8 {
     let mut cursor: Option<String> = None;
-    let mut count = 0usize;
     let remembered = cli.state.load();
+    let mut rows: Vec<Vec<String>> = vec![LIST_HEADER.map(str::to_owned).to_vec()];
     loop {
         let params = match &cursor {
             Some(c) => json!({ "cursor": c }),
@@ -59,22 +67,23 @@ async fn list(cli: &CliSession, all: bool) -> u8 {
             .and_then(Value::as_array)
             .map(Vec::as_slice)
             .unwrap_or_default();
-        for task in tasks {
-            println!("{}", line(task, &remembered));
-        }
-        count += tasks.len();
+        rows.extend(tasks.iter().map(|task| row(task, &remembered)));
         cursor = page
             .get("nextCursor")
             .and_then(Value::as_str)
             .map(str::to_owned);
-        match (&cursor, all) {
-            (Some(_), true) => continue,
-            (Some(_), false) => eprintln!("taskbroker: more tasks on further pages; use --all"),
-            (None, _) => {}
+        if cursor.is_some() && all {
+            continue;
         }
         break;
     }
-    if count == 0 && cli.origin == Origin::New {
+    if rows.len() > 1 {
+        print!("{}", crate::ops::table(&rows, &[]));
+    }
+    if cursor.is_some() {
+        eprintln!("taskbroker: more tasks on further pages; use --all");
+    }
+    if rows.len() == 1 && cli.origin == Origin::New {
         eprintln!(
             "taskbroker: no tasks: this client had no session with {} yet (tasks started with `taskbroker call --task` show here; pass --session ID for another session's tasks)",
             cli.client.url()
@@ -83,25 +92,23 @@ async fn list(cli: &CliSession, all: bool) -> u8 {
     EXIT_OK
 }
 
-/// `taskId  status  tool  lastUpdatedAt  statusMessage`; the tool is known
-/// for tasks this client started (a Task does not name its tool), else `-`.
-fn line(task: &Value, remembered: &BrokerState) -> String {
+/// The cells of [`LIST_HEADER`] for one task; the tool is known for tasks
+/// this client started (a Task does not name its tool), else `-`.
+fn row(task: &Value, remembered: &BrokerState) -> Vec<String> {
     let field = |name: &str| task.get(name).and_then(Value::as_str).unwrap_or("-");
     let message = task
         .get("statusMessage")
         .and_then(Value::as_str)
-        .unwrap_or("");
+        .unwrap_or("")
+        .replace(['\n', '\r'], " ");
     let tool = remembered.tool_of(field("taskId")).unwrap_or("-");
-    format!(
-        "{}  {:<14}  {:<12}  {}  {}",
-        field("taskId"),
-        field("status"),
-        tool,
-        field("lastUpdatedAt"),
-        message
-    )
-    .trim_end()
-    .to_owned()
+    vec![
+        field("taskId").to_owned(),
+        field("status").to_owned(),
+        tool.to_owned(),
+        field("lastUpdatedAt").to_owned(),
+        message,
+    ]
 }
 
 /// tasks/get, tasks/result or tasks/cancel: the answer as pretty JSON; a
@@ -151,14 +158,20 @@ mod tests {
     use super::*;
 
     #[test]
-    fn a_list_line_has_id_status_time_and_message() {
+    fn a_list_row_has_id_status_tool_time_and_message() {
         let task = json!({
             "taskId": "t1", "status": "working",
-            "lastUpdatedAt": "2025-11-25T10:30:00.123Z", "statusMessage": "slept 1 of 2 s"
+            "lastUpdatedAt": "2025-11-25T10:30:00.123Z", "statusMessage": "slept 1\nof 2 s"
         });
         assert_eq!(
-            line(&task, &BrokerState::default()),
-            "t1  working         -             2025-11-25T10:30:00.123Z  slept 1 of 2 s"
+            row(&task, &BrokerState::default()),
+            [
+                "t1",
+                "working",
+                "-",
+                "2025-11-25T10:30:00.123Z",
+                "slept 1 of 2 s"
+            ]
         );
     }
 }

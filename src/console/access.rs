@@ -28,6 +28,10 @@ pub struct Denied {
     pub status: StatusCode,
     /// What to tell the person.
     pub message: String,
+    /// The request carried no token at all (a first visit, or after
+    /// logging out): nothing was tried, so the login page shows its form
+    /// without an error. Scripts still get `message`.
+    pub nothing_tried: bool,
 }
 
 impl Denied {
@@ -35,6 +39,7 @@ impl Denied {
         Self {
             status,
             message: message.into(),
+            nothing_tried: false,
         }
     }
 }
@@ -108,10 +113,13 @@ pub async fn check(console: &Console, headers: &HeaderMap, uri: &Uri) -> Result<
         };
     }
     let Some(token) = presented(headers) else {
-        return Err(Denied::new(
-            StatusCode::UNAUTHORIZED,
-            format!("Log in with an operator token ({CREATE_HINT})."),
-        ));
+        return Err(Denied {
+            nothing_tried: true,
+            ..Denied::new(
+                StatusCode::UNAUTHORIZED,
+                format!("Log in with an operator token ({CREATE_HINT})."),
+            )
+        });
     };
     operator(console, &token).await
 }

@@ -62,9 +62,15 @@ fn login_with(status: StatusCode, message: &str) -> Response {
     html(status, LOGIN.replace(MESSAGE_SLOT, &escape(message)))
 }
 
-/// A denial as a page: the login page says why.
+/// A denial as a page: the login page says why, unless nothing was tried
+/// yet (no token sent): then it is just the form.
 fn denied_page(denied: Denied) -> Response {
-    login_with(denied.status, &denied.message)
+    let message = if denied.nothing_tried {
+        ""
+    } else {
+        &denied.message
+    };
+    login_with(denied.status, message)
 }
 
 fn see_other(to: &'static str) -> Response {
@@ -107,7 +113,10 @@ pub async fn login(
     };
     match access::operator(&console, &form.token).await {
         Ok(operator) => {
-            tracing::info!(principal = ?operator.principal, "console: operator logged in");
+            tracing::info!(
+                principal = operator.principal.as_deref(),
+                "console: operator logged in"
+            );
             let mut response = see_other("/ui");
             if let Ok(cookie) =
                 HeaderValue::from_str(&access::set_cookie(form.token.trim(), &headers))

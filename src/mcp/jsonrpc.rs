@@ -131,6 +131,16 @@ impl RpcError {
 #[derive(Debug, Clone, PartialEq, Eq, Hash)]
 pub struct RequestId(pub Value);
 
+impl std::fmt::Display for RequestId {
+    /// As written by the client, without JSON quotes (for logs).
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match &self.0 {
+            Value::String(s) => f.write_str(s),
+            other => write!(f, "{other}"),
+        }
+    }
+}
+
 /// One message POSTed by a client.
 #[derive(Debug, Clone)]
 pub enum Incoming {

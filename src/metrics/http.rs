@@ -77,6 +77,11 @@ impl Scrape {
             Ok(Ok((queue, workers, size, sessions))) => {
                 m.queue_depth.clear();
                 m.queue_oldest_age.clear();
+                for served in m.served_tools() {
+                    let labels = vec![("tool", served)];
+                    m.queue_depth.get_or_create(&labels).set(0);
+                    m.queue_oldest_age.get_or_create(&labels).set(0.0);
+                }
                 for q in queue {
                     let labels = vec![("tool", q.tool)];
                     m.queue_depth.get_or_create(&labels).set(q.depth);

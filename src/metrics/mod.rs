@@ -11,8 +11,8 @@
 
 mod http;
 
-use std::sync::LazyLock;
 use std::sync::atomic::{AtomicI64, AtomicU64, Ordering};
+use std::sync::{LazyLock, RwLock};
 use std::time::Duration;
 
 use prometheus_client::metrics::counter::Counter;
@@ -22,6 +22,7 @@ use prometheus_client::metrics::histogram::{Histogram, exponential_buckets};
 use prometheus_client::registry::Registry;
 
 use crate::clock::now_ms;
+use crate::store::TaskStatus;
 
 pub use http::{Scrape, http_layer, routes, serve_worker_metrics};
 
@@ -53,7 +54,30 @@ pub struct Metrics {
     scrape_errors: Counter,
     /// When the writer's current commit started (ms), 0 when idle.
     commit_started_ms: AtomicI64,
+    /// The tools this process serves: the per-tool database gauges show
+    /// each of them, 0 when none of its jobs is queued.
+    served_tools: RwLock<Vec<String>>,
 }
+
+/// The terminal statuses `tasks_finished` counts.
+const FINISHED: [TaskStatus; 3] = [
+    TaskStatus::Completed,
+    TaskStatus::Failed,
+    TaskStatus::Cancelled,
+];
+
+/// What becomes of a job whose lease expired (`lease_expiries`).
+const LEASE_OUTCOMES: [&str; 3] = ["requeued", "failed", "closed"];
+
+/// The answers of the probe and scrape endpoints every listener serves
+/// (`method`, `path`, `status`): zero from the start, as Prometheus's own
+/// client libraries do for their handler's codes.
+const PROBE_ANSWERS: [(&str, &str, u16); 4] = [
+    ("GET", "/metrics", 200),
+    ("GET", "/healthz", 200),
+    ("GET", "/readyz", 200),
+    ("GET", "/readyz", 503),
+];
 
 fn seconds_histogram() -> Histogram {
     // 1 ms .. ~4.4 min.
@@ -86,6 +110,7 @@ static METRICS: LazyLock<Metrics> = LazyLock::new(|| Metrics {
     database_size: Gauge::default(),
     scrape_errors: Counter::default(),
     commit_started_ms: AtomicI64::new(0),
+    served_tools: RwLock::new(Vec::new()),
 });
 
 static REGISTRY: LazyLock<Registry> = LazyLock::new(|| {
@@ -198,7 +223,75 @@ fn tool(name: &str) -> Labels {
     vec![("tool", name.to_owned())]
 }
 
+/// `method` and `path`, and `status` for the request counter.
+fn http_labels(method: &str, path: &str, status: Option<u16>) -> Labels {
+    let mut labels = vec![("method", method.to_owned()), ("path", path.to_owned())];
+    if let Some(status) = status {
+        labels.push(("status", status.to_string()));
+    }
+    labels
+}
+
+fn tool_and_status(name: &str, status: &str) -> Labels {
+    vec![("tool", name.to_owned()), ("status", status.to_owned())]
+}
+
 impl Metrics {
+    /// Give every series whose labels are known before anything happens a
+    /// zero sample, so that a fresh process already exports every family
+    /// README documents (dashboards and alerts see 0, not nothing; an
+    /// empty family is not exported at all): per tool that may run as a
+    /// task, tasks created and finished by status, queue and run times,
+    /// queue depth and age (see [`Metrics::served_tools`]); per outcome,
+    /// lease expiries; the probe and scrape endpoints' requests. Called
+    /// once per process with its tools.
+    pub fn zero_known_series<'a>(&self, tools: impl IntoIterator<Item = &'a str>) {
+        let mut served = self
+            .served_tools
+            .write()
+            .unwrap_or_else(|poisoned| poisoned.into_inner());
+        for name in tools {
+            let labels = tool(name);
+            // get_or_create makes the series; its guard is not needed.
+            drop(self.tasks_created.get_or_create(&labels));
+            for status in FINISHED {
+                drop(
+                    self.tasks_finished
+                        .get_or_create(&tool_and_status(name, status.as_str())),
+                );
+            }
+            drop(self.queue_time.get_or_create(&labels));
+            drop(self.run_time.get_or_create(&labels));
+            if !served.iter().any(|t| t == name) {
+                served.push(name.to_owned());
+            }
+        }
+        for outcome in LEASE_OUTCOMES {
+            drop(
+                self.lease_expiries
+                    .get_or_create(&vec![("outcome", outcome.to_owned())]),
+            );
+        }
+        for (method, path, status) in PROBE_ANSWERS {
+            drop(
+                self.http_requests
+                    .get_or_create(&http_labels(method, path, Some(status))),
+            );
+            drop(
+                self.http_latency
+                    .get_or_create(&http_labels(method, path, None)),
+            );
+        }
+    }
+
+    /// The tools this process serves (given to [`Metrics::zero_known_series`]).
+    fn served_tools(&self) -> Vec<String> {
+        self.served_tools
+            .read()
+            .unwrap_or_else(|poisoned| poisoned.into_inner())
+            .clone()
+    }
+
     /// A task was created (already terminal when its arguments were
     /// refused: `finished` is then its status too).
     pub fn task_created(&self, tool_name: &str, finished: Option<&str>) {
@@ -211,10 +304,7 @@ impl Metrics {
     /// A task reached `status` (completed, failed, cancelled) here.
     pub fn task_finished(&self, tool_name: &str, status: &str) {
         self.tasks_finished
-            .get_or_create(&vec![
-                ("tool", tool_name.to_owned()),
-                ("status", status.to_owned()),
-            ])
+            .get_or_create(&tool_and_status(tool_name, status))
             .inc();
     }
 
@@ -242,11 +332,7 @@ impl Metrics {
 
     /// The rescuer took back expired leases.
     pub fn leases_expired(&self, requeued: u64, failed: u64, closed: u64) {
-        for (outcome, n) in [
-            ("requeued", requeued),
-            ("failed", failed),
-            ("closed", closed),
-        ] {
+        for (outcome, n) in LEASE_OUTCOMES.into_iter().zip([requeued, failed, closed]) {
             if n > 0 {
                 self.lease_expiries
                     .get_or_create(&vec![("outcome", outcome.to_owned())])
@@ -280,17 +366,10 @@ impl Metrics {
 
     fn http_request(&self, method: &str, path: &'static str, status: u16, took: Duration) {
         self.http_requests
-            .get_or_create(&vec![
-                ("method", method.to_owned()),
-                ("path", path.to_owned()),
-                ("status", status.to_string()),
-            ])
+            .get_or_create(&http_labels(method, path, Some(status)))
             .inc();
         self.http_latency
-            .get_or_create(&vec![
-                ("method", method.to_owned()),
-                ("path", path.to_owned()),
-            ])
+            .get_or_create(&http_labels(method, path, None))
             .observe(took.as_secs_f64());
     }
 }

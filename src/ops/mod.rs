@@ -49,8 +49,9 @@ fn print_json(value: &serde_json::Value) -> u8 {
 }
 
 /// Left-aligned text columns, right-aligned numbers: rows of cells, the
-/// first the header.
-fn table(rows: &[Vec<String>], numeric: &[usize]) -> String {
+/// first the header. The command-line client's `tasks list` prints its
+/// tasks the same way.
+pub(crate) fn table(rows: &[Vec<String>], numeric: &[usize]) -> String {
     let columns = rows.iter().map(Vec::len).max().unwrap_or(0);
     let widths: Vec<usize> = (0..columns)
         .map(|c| {

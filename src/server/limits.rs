@@ -24,6 +24,18 @@ pub enum Requestor<'a> {
     Address(Option<IpAddr>),
 }
 
+impl std::fmt::Display for Requestor<'_> {
+    /// `principal:NAME`, `session:ID` or `address:IP` (for logs).
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            Self::Principal(p) => write!(f, "principal:{p}"),
+            Self::Session(s) => write!(f, "session:{s}"),
+            Self::Address(Some(a)) => write!(f, "address:{a}"),
+            Self::Address(None) => f.write_str("address:unknown"),
+        }
+    }
+}
+
 /// A refusal: how long to wait, and the message that names the limit.
 #[derive(Debug, Clone, PartialEq)]
 pub struct Refusal {

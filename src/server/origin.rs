@@ -42,7 +42,7 @@ pub fn check_origin(
             .to_str()
             .is_ok_and(|o| origin_allowed(o, local, allowed));
         if !ok {
-            tracing::warn!(origin = ?origin, "request refused: origin not allowed");
+            tracing::warn!(origin = %String::from_utf8_lossy(origin.as_bytes()), "request refused: origin not allowed");
             return Err(Refused::Origin);
         }
     }
@@ -58,7 +58,7 @@ pub fn check_host(
     if let Some(host) = headers.get(header::HOST) {
         let ok = host.to_str().is_ok_and(|h| host_allowed(h, local, allowed));
         if !ok {
-            tracing::warn!(host = ?host, "request refused: host not allowed");
+            tracing::warn!(host = %String::from_utf8_lossy(host.as_bytes()), "request refused: host not allowed");
             return Err(Refused::Host);
         }
     }

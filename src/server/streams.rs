@@ -111,12 +111,14 @@ pub enum Attach {
 }
 
 /// Why a `Last-Event-ID` could not be resumed.
-#[derive(Debug, PartialEq, Eq)]
+#[derive(Debug, PartialEq, Eq, thiserror::Error)]
 pub enum ResumeError {
     /// Not of the form `<stream>-<n>`.
+    #[error("Last-Event-ID is not of the form <stream>-<n>")]
     Malformed,
     /// No such stream (finished long ago, another process, or made up), or
     /// another session's.
+    #[error("no such stream in this process")]
     Unknown,
 }
 

@@ -107,7 +107,7 @@ pub async fn mcp(State(state): State<AppState>, request: Request) -> Response {
         if let Ok(v) = HeaderValue::from_str(&secs) {
             r.headers_mut().insert(header::RETRY_AFTER, v);
         }
-        tracing::warn!(target: "audit", requestor = ?who, "rate limit hit");
+        tracing::warn!(target: "audit", requestor = %who, "rate limit hit");
         return r;
     }
     let principal = principal.as_ref();
@@ -344,7 +344,12 @@ async fn post(
                 let request_id = params.as_ref().and_then(|p| p.get("requestId"));
                 let stopped =
                     request_id.is_some_and(|id| state.client_requests.cancel(&session.id, id));
-                tracing::info!(request_id = ?request_id, stopped, "notifications/cancelled");
+                tracing::info!(
+                    request_id =
+                        request_id.map(|id| tracing::field::display(RequestId(id.clone()))),
+                    stopped,
+                    "notifications/cancelled"
+                );
             } else {
                 tracing::debug!(method, "notification");
             }
@@ -374,7 +379,7 @@ async fn post(
             match answered {
                 Ok(true) => {}
                 Ok(false) => {
-                    tracing::warn!(id = ?id.0, "client response to no pending request of this session")
+                    tracing::warn!(id = %id, "client response to no pending request of this session")
                 }
                 Err(e) => {
                     tracing::error!(error = %e, "storing a client's answer failed");
@@ -473,7 +478,7 @@ async fn initialize(
         "serverInfo": { "name": "taskbroker", "version": env!("CARGO_PKG_VERSION") },
         "instructions": "Durable task broker: call tools with params.task to run them as tasks; poll tasks/get, fetch tasks/result."
     });
-    tracing::info!(session = %session.id, version, client = ?params.client_info.get("name"), "session initialized");
+    tracing::info!(session = %session.id, version, client = params.client_info.get("name").and_then(serde_json::Value::as_str), "session initialized");
     let mut response = json_response(StatusCode::OK, &success_response(id, result));
     if let Ok(value) = HeaderValue::from_str(&session.id) {
         response.headers_mut().insert(SESSION_HEADER, value);
@@ -645,7 +650,7 @@ async fn get(state: AppState, headers: HeaderMap, principal: Option<&Principal>)
                 );
             }
             Err(e) => {
-                tracing::info!(last_event_id = last, reason = ?e, "nothing to resume; opening a fresh stream");
+                tracing::info!(last_event_id = last, reason = %e, "nothing to resume; opening a fresh stream");
             }
         }
     }

@@ -44,12 +44,25 @@ pub fn without_password(url: &str) -> String {
     taskbroker_postgres::without_password(url)
 }
 
-/// Open (creating and migrating if needed) the database: `serve` and
-/// `token`.
+/// Open (creating and migrating if needed) the database: `token`.
 pub async fn open(db: &Path, durability: Durability) -> Result<Store, StoreError> {
     match Database::parse(db) {
         Database::Sqlite(path) => Ok(Arc::new(SqliteStore::open(&path, durability).await?)),
         Database::Postgres(url) => Ok(Arc::new(PostgresStore::open(&url, durability).await?)),
+    }
+}
+
+/// [`open`] for a broker (`serve`), which also warns about database
+/// settings that hurt a broker's throughput (PostgreSQL without
+/// autovacuum).
+pub async fn open_for_broker(db: &Path, durability: Durability) -> Result<Store, StoreError> {
+    match Database::parse(db) {
+        Database::Sqlite(path) => Ok(Arc::new(SqliteStore::open(&path, durability).await?)),
+        Database::Postgres(url) => {
+            let store = PostgresStore::open(&url, durability).await?;
+            store.warn_without_autovacuum().await?;
+            Ok(Arc::new(store))
+        }
     }
 }
 

@@ -10,6 +10,7 @@
 //   TB_SHOTS           folder for the screenshots (created)
 //   TB_SEEDED_TOOL     a tool that already ran tasks, e.g. echo
 //   TB_FAILED_TASK     the id of a failed task that was seeded
+//   TB_LONG_OWNER_TOKEN a valid non-operator token of a long principal name
 //   CHROMIUM           the browser binary [default: /usr/bin/chromium]
 //
 // Run: npm ci && node browser.mjs (in this folder).
@@ -37,6 +38,7 @@ const USER_TOKEN = required('TB_USER_TOKEN');
 const SHOTS = required('TB_SHOTS');
 const SEEDED_TOOL = required('TB_SEEDED_TOOL');
 const FAILED_TASK = required('TB_FAILED_TASK');
+const LONG_OWNER_TOKEN = required('TB_LONG_OWNER_TOKEN');
 const CHROMIUM = process.env.CHROMIUM || '/usr/bin/chromium';
 
 /** Default wait for any element, navigation or condition. */
@@ -66,6 +68,12 @@ const APPROVE_ARGUMENTS = { question: 'Ship it?' };
 const APPROVE_ANSWER = { action: 'accept', content: { approved: true } };
 /** Arguments of the demo tool `sleep`: long enough to be cancelled. */
 const SLEEP_ARGUMENTS = { seconds: 600 };
+/** Arguments `sleep` refuses (seconds is a number): a task that fails unrun. */
+const REFUSED_SLEEP_ARGUMENTS = { seconds: 'soon' };
+/** A failure message far wider than any screen. */
+const LONG_FAILURE = `disk quota exceeded while writing ${'/var/lib/exports/batch-0042/'.repeat(12)}part-0001.parquet`;
+/** The console's widest layout (main's max-width). */
+const WIDE = { width: 1400, height: 900 };
 
 let rpcId = 0;
 
@@ -124,8 +132,8 @@ function lastSseMessage(text, id) {
 }
 
 /** tools/call that must create a task: its id. */
-async function createTask(tool, args) {
-  const result = await mcp('tools/call', { name: tool, arguments: args });
+async function createTask(tool, args, token = USER_TOKEN) {
+  const result = await mcp('tools/call', { name: tool, arguments: args }, token);
   const taskId = result.taskId ?? result.task?.taskId;
   if (result.resultType !== 'task' || typeof taskId !== 'string') {
     throw new Error(`tools/call ${tool} did not create a task: ${JSON.stringify(result).slice(0, 400)}`);
@@ -210,6 +218,29 @@ async function taskRows() {
   })));
 }
 
+/** Whether the tasks table fits the panel it is in, and the page is no
+ *  wider than the window (no horizontal scrolling anywhere). */
+async function tasksTableFits() {
+  return page.evaluate(() => {
+    const table = document.querySelector('#tasks-table');
+    const wrap = table.parentElement;
+    const doc = document.documentElement;
+    return {
+      table: table.getBoundingClientRect().width,
+      wrap: wrap.clientWidth,
+      page: doc.scrollWidth,
+      window: doc.clientWidth,
+      fits: table.getBoundingClientRect().width <= wrap.clientWidth + 0.5 && doc.scrollWidth <= doc.clientWidth,
+    };
+  });
+}
+
+/** The login page's message, and whether it is shown. */
+async function loginMessage() {
+  const text = (await page.textContent('#login-message')).trim();
+  return { text, shown: await page.locator('#login-message').isVisible() };
+}
+
 /** Apply the tasks filters through the form. */
 async function applyFilters({ status = '', tool = '', owner = '' }) {
   await page.selectOption('#filter-status', status);
@@ -257,7 +288,24 @@ async function main() {
     expectEqual(response.status(), 401, 'HTTP status of GET /ui');
     await page.locator('#token').waitFor();
     await page.locator('#login-submit').waitFor();
+    const message = await loginMessage();
+    expect(!message.shown && message.text === '', `an error before anything was tried: ${q(message.text)}`);
     await shot('01-login');
+  });
+
+  await check('GET /ui/login shows no error either', async () => {
+    const response = await page.goto(`${BASE}/ui/login`);
+    expectEqual(response.status(), 200, 'HTTP status of GET /ui/login');
+    const message = await loginMessage();
+    expect(!message.shown && message.text === '', `an error before anything was tried: ${q(message.text)}`);
+  });
+
+  await check('a wrong token is refused with 401 and the page says so', async () => {
+    const response = await submitLogin('tbk_not_a_token');
+    expectEqual(response.status(), 401, 'HTTP status of POST /ui/login');
+    await page.waitForLoadState();
+    const message = await loginMessage();
+    expect(message.shown && /invalid|revoked|expired/i.test(message.text), `#login-message: ${q(message.text)}`);
   });
 
   await check('GET /ui/api/overview without a token is 401 with an error text', async () => {
@@ -329,6 +377,44 @@ async function main() {
     expect(rows.length > 0, 'no rows');
     const wrong = rows.filter((r) => r.tool !== SEEDED_TOOL);
     expect(!wrong.length, `rows of another tool: ${JSON.stringify(wrong)}`);
+  });
+
+  let longTask = null;
+  await check('at 1400 px the tasks table fits its panel, with a long owner and a long message', async () => {
+    longTask = await createTask('fail', { message: LONG_FAILURE }, LONG_OWNER_TOKEN);
+    await page.setViewportSize(WIDE);
+    await page.goto(`${BASE}/ui/tasks`);
+    await waitForTasksTable();
+    await page.locator(`#tasks-table tbody tr[data-task-id=${q(longTask)}]`).waitFor();
+    const size = await tasksTableFits();
+    expect(size.fits, `the table overflows: ${JSON.stringify(size)}`);
+    const cell = page.locator(`#tasks-table tbody tr[data-task-id=${q(longTask)}] td.message`);
+    expect((await cell.getAttribute('title')).includes(LONG_FAILURE), 'the full message is the cell\'s title');
+    const updated = await page.locator('#tasks-table thead th').last().boundingBox();
+    expect(updated.x + updated.width <= WIDE.width, `the last column is cut: ${JSON.stringify(updated)}`);
+    await shot('04b-tasks-wide');
+    await page.setViewportSize({ width: 1280, height: 800 });
+  });
+
+  await check('a task whose arguments were refused says so, not that the tool failed', async () => {
+    const refused = await createTask('sleep', REFUSED_SLEEP_ARGUMENTS);
+    await page.goto(`${BASE}/ui/tasks/${encodeURIComponent(refused)}`);
+    await page.locator('#task-status[data-status="failed"]').waitFor();
+    const note = page.locator('#result-note');
+    await note.waitFor();
+    expectEqual(await note.getAttribute('data-kind'), 'arguments-refused', 'kind of the result note');
+    const text = await note.textContent();
+    expect(/arguments were refused/i.test(text) && /never ran/i.test(text), `the note: ${q(text)}`);
+    expect(!/tool ran/i.test(await page.textContent('#result')), 'it says the tool ran');
+    await shot('04c-task-refused');
+  });
+
+  await check('a task whose tool reported a failure says the tool ran and failed', async () => {
+    await page.goto(`${BASE}/ui/tasks/${encodeURIComponent(FAILED_TASK)}`);
+    const note = page.locator('#result-note');
+    await note.waitFor();
+    expectEqual(await note.getAttribute('data-kind'), 'tool-error', 'kind of the result note');
+    expect(/tool ran and reported a failure/i.test(await note.textContent()), 'the note');
   });
 
   // 4. A task page follows the task live: input_required, then completed.
@@ -420,6 +506,8 @@ async function main() {
     const response = await page.goto(`${BASE}/ui`);
     expectEqual(response.status(), 401, 'HTTP status of GET /ui after logging out');
     await page.locator('#token').waitFor();
+    const message = await loginMessage();
+    expect(!message.shown, `an error after logging out: ${q(message.text)}`);
   });
 
   await check('no uncaught script error and no Content-Security-Policy violation', async () => {

@@ -183,9 +183,7 @@ impl PostgresStore {
     pub async fn open(url: &str, durability: Durability) -> Result<Self, StoreError> {
         let options = connect_options(url)?;
         migrate::run(url, &options).await?;
-        let store = Self::connect(url, options, durability).await?;
-        store.warn_without_autovacuum().await?;
-        Ok(store)
+        Self::connect(url, options, durability).await
     }
 
     /// Connect without migrating (worker processes): refused unless the
@@ -242,8 +240,9 @@ impl PostgresStore {
     /// Every finished job and task leaves dead rows behind; without
     /// autovacuum nothing reclaims them and claims slow down as they pile
     /// up (measured here: from 1,200 to 300 tasks/s over 200,000 tasks).
-    /// Say so when a broker opens the database.
-    async fn warn_without_autovacuum(&self) -> Result<(), StoreError> {
+    /// A broker says so when it opens the database (a one-off command such
+    /// as `token create` does not: its output is its answer).
+    pub async fn warn_without_autovacuum(&self) -> Result<(), StoreError> {
         let on = sqlx::query_scalar!(r#"SELECT current_setting('autovacuum') = 'on' AS "on!""#)
             .fetch_one(&self.pool)
             .await?;

@@ -683,7 +683,7 @@
         h('td', { class: 'tool' }, t.tool),
         statusCell,
         messageCell,
-        h('td', { class: 'owner' }, t.owner || dash()),
+        h('td', { class: 'owner', title: t.owner || null }, t.owner || dash()),
         h('td', { class: 'num' }, timeEl(t.createdAt)),
         updatedCell);
       rows.set(t.taskId, { tr, statusCell, messageCell, updatedCell });
@@ -857,8 +857,11 @@
 
     function drawResult(t) {
       const isToolError = t.resultKind === 'result' && t.result && t.result.isError === true;
+      const refused = isToolError && t.argumentsRefused === true;
       const failed = t.resultKind === 'error' || isToolError;
-      const title = t.resultKind === 'error' ? 'Error' : isToolError ? 'Result · tool error' : 'Result';
+      const title = t.resultKind === 'error' ? 'Error'
+        : refused ? 'Result · arguments refused'
+          : isToolError ? 'Result · tool error' : 'Result';
       let body;
       if (t.resultKind == null) {
         body = h('div', { class: 'muted' },
@@ -866,7 +869,13 @@
       } else {
         body = [
           jsonPre(t.result),
-          isToolError ? h('div', { class: 'note' }, 'The tool ran and reported a failure (isError: true).') : null,
+          refused
+            ? h('div', { class: 'note', id: 'result-note', data: { kind: 'arguments-refused' } },
+              'The arguments were refused: they do not match the tool\'s inputSchema, so the tool never ran.')
+            : isToolError
+              ? h('div', { class: 'note', id: 'result-note', data: { kind: 'tool-error' } },
+                'The tool ran and reported a failure (isError: true).')
+              : null,
         ];
       }
       return panel(title, { id: 'result', cls: failed ? 'failed' : null }, body);
@@ -942,7 +951,7 @@
 
     function drawAttempts(job, jobEvents) {
       if (!job) {
-        return panel('Attempts', { id: 'attempts' }, h('div', { class: 'muted' }, 'No job record for this task.'));
+        return panel('Attempts', { id: 'attempts' }, h('div', { class: 'muted' }, 'No job record for this task (no attempt was made).'));
       }
       const fact = (label, value) => h('div', null, h('dt', null, label), h('dd', null, value));
       const facts = h('dl', { class: 'facts job-facts' },
