@@ -111,6 +111,11 @@ pub const LINGER_TIME: Duration = Duration::from_secs(10);
 /// was reported with (16 MiB), sixteen times [`MAX_BODY`]. Beyond, the
 /// connection is reset: nobody makes the broker read without end.
 pub const LINGER_BYTES: u64 = 64 * 1024 * 1024;
+/// Connections beyond [`MAX_CONNECTIONS`] that may linger at once (their
+/// 503 sent, their requests read and thrown away); beyond, a refused
+/// connection is closed at once. Few, as each holds a descriptor outside
+/// the cap: 64 refusals of [`LINGER_TIME`] at most.
+pub const LINGERING_REFUSALS: usize = 64;
 /// Open connections at most; beyond, a new one is refused at once (503).
 /// Half of the 20,000 descriptors of a usual service limit: the other half
 /// covers SQLite (the file, its WAL and shm per pooled connection), command

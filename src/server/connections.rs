@@ -94,11 +94,6 @@ fn refusal() -> Bytes {
 /// How often at most a refusal is logged as a warning (the others: debug).
 const REFUSAL_LOG_EVERY: Duration = Duration::from_secs(10);
 
-/// Connections beyond the cap that may linger at once (their 503 sent,
-/// their requests read and thrown away); beyond, a refused connection is
-/// closed at once. Few, as each holds a descriptor outside the cap.
-pub const LINGERING_REFUSALS: usize = 64;
-
 /// Serve `router` on `listener` until `stopping`, then wait for the open
 /// connections to finish their requests (the caller bounds that wait).
 pub async fn serve(
@@ -112,7 +107,7 @@ pub async fn serve(
     // One permit per open connection: refusing needs no lock, and the
     // drain at shutdown is taking them all back.
     let permits = Arc::new(Semaphore::new(max_connections as usize));
-    let refusals = Arc::new(Semaphore::new(LINGERING_REFUSALS));
+    let refusals = Arc::new(Semaphore::new(crate::defaults::LINGERING_REFUSALS));
     let refusal = refusal();
     let mut last_warning: Option<Instant> = None;
     loop {
