@@ -1368,3 +1368,63 @@ async fn item5_call_asks_the_question_on_a_terminal() {
         }
     }
 }
+
+/// Issue item 5: a session stored by an earlier version of the CLI was
+/// opened without declaring elicitation (a question would fail in it):
+/// `call` replaces it by a new session that does, and the question is
+/// answered; `tasks` keeps using the stored one (its tasks stay in view).
+#[tokio::test]
+async fn item5_a_stored_session_without_elicitation_is_replaced_by_call() {
+    let server = Server::start(&[]);
+    let cli = Cli::new();
+    let (mut old, old_sid) = session(&server).await;
+    let earlier = old.call_task("sleep", json!({"seconds": 0})).await;
+    let earlier = earlier["taskId"].as_str().unwrap().to_owned();
+    old.wait_terminal(&earlier, Duration::from_secs(10)).await;
+    let file = cli.state_file();
+    std::fs::create_dir_all(file.parent().unwrap()).unwrap();
+    let stored = json!({ "brokers": { &server.url: { "session": old_sid } } });
+    std::fs::write(&file, stored.to_string()).unwrap();
+
+    let out = cli.run(&server.url, &["tasks", "list"]).await;
+    assert_eq!(out.code, Some(0), "{out:?}");
+    assert!(
+        out.stdout.contains(&earlier),
+        "tasks keeps the session: {out:?}"
+    );
+    assert_eq!(
+        stored_session(&cli, &server.url).as_deref(),
+        Some(old_sid.as_str())
+    );
+
+    let out = approve(
+        &cli,
+        &server.url,
+        "2025-11-25",
+        false,
+        &["--input", r#"{"approved":true}"#],
+    )
+    .await;
+    assert_eq!(out.code, Some(0), "{out:?}");
+    assert_eq!(out.stdout.trim(), "approved", "{out:?}");
+    let new_sid = stored_session(&cli, &server.url).unwrap();
+    assert_ne!(new_sid, old_sid, "{}", state(&cli));
+    assert_eq!(
+        state(&cli)["brokers"][&server.url]["answers_questions"],
+        true
+    );
+    let out = approve(
+        &cli,
+        &server.url,
+        "2025-11-25",
+        true,
+        &["--input", r#"{"approved":true}"#],
+    )
+    .await;
+    assert_eq!(out.code, Some(0), "{out:?}");
+    assert_eq!(
+        stored_session(&cli, &server.url),
+        Some(new_sid),
+        "the new session is kept"
+    );
+}

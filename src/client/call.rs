@@ -24,7 +24,7 @@ pub async fn run(args: CallArgs) -> u8 {
     // Listen for Ctrl-C before anything is created, so it is never lost.
     let mut interrupt = Interrupt::new();
     let answerer = super::input::Answerer::new(args.input.clone());
-    let mut cli = match CliSession::open(&args.conn, answerer).await {
+    let mut cli = match CliSession::open(&args.conn, answerer, true).await {
         Ok(c) => c,
         Err(e) => {
             eprintln!("taskbroker: {e}");

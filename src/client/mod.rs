@@ -6,7 +6,9 @@
 //! a dropped SSE stream with `Last-Event-ID`, and can end its session with
 //! DELETE. The subcommands on top of it are [`call()`] and [`tasks()`]; they
 //! keep one session per broker in the user's state folder ([`state`],
-//! [`session`]), so `tasks` sees what `call --task` started.
+//! [`session`]), so `tasks` sees what `call --task` started. A tool's
+//! questions (elicitation) are answered by [`input`]: `--input`, or the
+//! terminal.
 
 mod bench;
 mod call;

@@ -34,8 +34,14 @@ impl CliSession {
     /// session is made under the state file's lock, so two invocations that
     /// start at once share one session instead of each storing its own.
     /// The client answers the tool's questions with `answerer` (and a new
-    /// session declares that it can).
-    pub async fn open(conn: &Connection, answerer: Answerer) -> Result<Self, McpError> {
+    /// session declares that it can). For `calls`, a stored session opened
+    /// without declaring so (by an earlier version) is replaced by a new
+    /// one: a tool's question would fail in it.
+    pub async fn open(
+        conn: &Connection,
+        answerer: Answerer,
+        calls: bool,
+    ) -> Result<Self, McpError> {
         let state = CliState::for_connection(conn);
         let mut client = McpClient::new(conn.url.clone())?;
         client.set_token(conn.token.clone());
@@ -49,7 +55,10 @@ impl CliSession {
             });
         }
         let lock = state.lock().await;
-        if let Some(id) = state.load().session {
+        let stored = state.load();
+        if let Some(id) = stored.session
+            && (stored.answers_questions || !calls)
+        {
             client.use_session(&id);
             return Ok(Self {
                 client,
@@ -59,7 +68,8 @@ impl CliSession {
         }
         client.initialize().await?;
         state.update(&lock, |b| {
-            b.session = client.session_id().map(str::to_owned)
+            b.session = client.session_id().map(str::to_owned);
+            b.answers_questions = true;
         });
         Ok(Self {
             client,
@@ -86,7 +96,10 @@ impl CliSession {
                 self.client.forget_session();
                 self.client.initialize().await?;
                 let id = self.client.session_id().map(str::to_owned);
-                self.state.update(&lock, |b| b.session = id);
+                self.state.update(&lock, |b| {
+                    b.session = id;
+                    b.answers_questions = true;
+                });
             }
         }
         self.origin = Origin::New;
@@ -101,6 +114,7 @@ impl CliSession {
         self.state.update(&lock, |b| {
             if b.session == ours {
                 b.session = None;
+                b.answers_questions = false;
             }
         });
     }

@@ -45,6 +45,12 @@ pub struct BrokerState {
     /// The MCP session the client uses with that broker.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub session: Option<String>,
+    /// Whether `session` was opened declaring that this client answers a
+    /// tool's questions (elicitation). Sessions stored by earlier versions
+    /// did not, and a question fails in them: `call` replaces such a
+    /// session by a new one.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub answers_questions: bool,
     /// The tool of each task the client started there, oldest first.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub tasks: Vec<TaskTool>,

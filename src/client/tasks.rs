@@ -29,7 +29,7 @@ pub async fn run(args: TasksArgs) -> u8 {
         TasksCommand::Result { input, .. } => input.clone(),
         _ => None,
     };
-    let cli = match CliSession::open(conn, super::input::Answerer::new(given)).await {
+    let cli = match CliSession::open(conn, super::input::Answerer::new(given), false).await {
         Ok(c) => c,
         Err(e) => {
             eprintln!("taskbroker: {e}");
