@@ -38,11 +38,12 @@ impl Cluster {
         flags.extend_from_slice(extra);
         let a = Server::start_on(Driver::Postgres, &flags);
         let b = Server::start_sharing(&a, &flags);
-        // A lease of 10 s: no test here kills a worker, and a job must not
+        // A lease of 30 s: no test here kills a worker, and a job must not
         // lose its lease to a busy machine (a rerun would be no fault of
-        // the servers, and the kill -9 test counts attempts).
+        // the servers, and the kill -9 test counts attempts); its heartbeat
+        // (10 s) is slower than every bound on the change signal here.
         let workers = (0..2)
-            .map(|n| WorkerProc::start(&a, n, &["--lease", "10", "--concurrency", "16"]))
+            .map(|n| WorkerProc::start(&a, n, &["--lease", "30", "--concurrency", "16"]))
             .collect();
         Some(Self { workers, a, b })
     }
@@ -199,7 +200,8 @@ async fn a_session_opened_on_one_server_is_served_by_the_other() {
         "B serves the session it ended: {}",
         raw.body
     );
-    // A trusts its cache of the session for at most a second.
+    // A trusts its cache of the session for at most a second (3 s allows
+    // for a loaded machine; a cache that never expired would fail).
     let ended = Instant::now();
     loop {
         let raw = c.raw_ping(A).await;
@@ -207,7 +209,7 @@ async fn a_session_opened_on_one_server_is_served_by_the_other() {
             break;
         }
         assert!(
-            ended.elapsed() < Duration::from_millis(1500),
+            ended.elapsed() < Duration::from_secs(3),
             "A still serves a session ended through B {:?} later: {} {}",
             ended.elapsed(),
             raw.status,
@@ -255,11 +257,9 @@ async fn a_result_waiting_on_one_server_returns_when_a_worker_completes_the_task
             "returned before the task could end: {waited:?}"
         );
         // The sleep is 1 s; the worker's completion reaches A through the
-        // database's change signal, not a poll of seconds.
-        assert!(
-            waited < Duration::from_millis(2500),
-            "woken late: {waited:?}"
-        );
+        // database's change signal, not a poll of seconds (4 s allows for a
+        // loaded machine).
+        assert!(waited < Duration::from_secs(4), "woken late: {waited:?}");
         eprintln!("round {round}: tasks/result on A returned after {waited:?}");
     }
     let ran: Vec<_> = cluster
@@ -345,11 +345,11 @@ async fn cancel_through_one_server_stops_the_tool_in_a_worker_process() {
         .worker_logs()
         .contains("job stopped: task cancelled")
     {
-        // The heartbeat (lease/3 = 3.3 s) is the fallback; the change
-        // signal is faster.
+        // The heartbeat (lease/3 = 10 s) is the fallback; the change
+        // signal is faster (5 s allows for a loaded machine).
         assert!(
-            t0.elapsed() < Duration::from_secs(2),
-            "the worker did not stop the tool within 2 s:\n{}",
+            t0.elapsed() < Duration::from_secs(5),
+            "the worker did not stop the tool within 5 s:\n{}",
             cluster.worker_logs()
         );
         tokio::time::sleep(Duration::from_millis(5)).await;
