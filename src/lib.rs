@@ -13,7 +13,8 @@
 //! - [`app`]: assembles a broker process (store, feed, workers, HTTP) and
 //!   shuts it down.
 //! - [`server`]: the `/mcp` endpoint: HTTP, sessions, origin checks, SSE,
-//!   dispatch of methods. No SQL.
+//!   dispatch of methods; the 2025-11-25 front end at its top, the
+//!   2026-07-28 one in `server::modern`. No SQL.
 //! - [`mcp`]: the wire format (JSON-RPC framing, MCP shapes). No I/O.
 //! - [`broker`]: the task rules (create, get, result, list, cancel, ttl,
 //!   cursors), the change feed, and the purge/rescue services. No HTTP, no SQL.
@@ -21,7 +22,9 @@
 //!   outcomes with fenced writes.
 //! - [`tools`]: the `Tool` trait, the registry that validates arguments, and
 //!   the demo tools.
-//! - [`store`]: every SQL statement, and the migrations runner.
+//! - [`store`]: opens the database of either driver (the `taskbroker-sqlite`
+//!   and `taskbroker-postgres` crates hold every SQL statement and their
+//!   migrations, behind the `taskbroker-storage` traits).
 //! - [`config`]: the `taskbroker.toml` file: settings and command tools.
 //! - [`defaults`]: the default of every setting, and of every limit the
 //!   measurement it was picked from.

@@ -36,7 +36,7 @@ pub use cli::{CallArgs, Connection, Protocol, TasksArgs, TasksCommand};
 pub use error::{EXIT_FAILURE, EXIT_INTERRUPTED, EXIT_OK, EXIT_UNREACHABLE, EXIT_USAGE, McpError};
 pub use tasks::run as tasks;
 
-use crate::mcp::{LATEST_PROTOCOL_VERSION, RpcError};
+use crate::mcp::{LATEST_PROTOCOL_VERSION, RpcError, SESSION_HEADER, VERSION_HEADER};
 use input::Answerer;
 use sse::SseParser;
 
@@ -45,8 +45,6 @@ pub const CLIENT_NAME: &str = "taskbroker-cli";
 /// The endpoint used when neither `--url` nor `TASKBROKER_URL` says otherwise.
 pub const DEFAULT_URL: &str = "http://127.0.0.1:8808/mcp";
 
-const SESSION_HEADER: &str = "mcp-session-id";
-const VERSION_HEADER: &str = "mcp-protocol-version";
 /// Reconnections tried in a row when an SSE stream ends without the response.
 const MAX_RESUMES: u32 = 5;
 

@@ -12,6 +12,11 @@ pub use jsonrpc::{
 };
 pub use types::*;
 
+/// HTTP header carrying the session id (Streamable HTTP, H-5).
+pub const SESSION_HEADER: &str = "mcp-session-id";
+/// HTTP header carrying the protocol version (H-6; every 2026-07-28 request).
+pub const VERSION_HEADER: &str = "mcp-protocol-version";
+
 /// The newest protocol version this server speaks (the one with tasks).
 pub const LATEST_PROTOCOL_VERSION: &str = "2025-11-25";
 

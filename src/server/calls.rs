@@ -12,7 +12,7 @@ use serde_json::{Map, Value, json};
 use tokio::sync::{mpsc, oneshot};
 use tokio_util::sync::CancellationToken;
 
-use super::dispatch::{Reply, StreamItem};
+use super::reply::{Reply, StreamItem};
 use super::sessions::Session;
 use crate::mcp::{self, ErrorCode, ProgressToken, RequestId, RpcError};
 use crate::tools::{Tool, ToolContext, ToolEvent, ToolOutcome};

@@ -4,10 +4,10 @@
 
 use std::sync::Arc;
 
-use futures_util::future::BoxFuture;
 use serde_json::{Map, Value, json};
 use tokio::sync::mpsc;
 
+use super::reply::{Reply, StreamItem};
 use super::sessions::Session;
 use super::{AppState, calls};
 use crate::broker::{ResultLook, Task, TaskResult, WaitEvent};
@@ -17,38 +17,6 @@ use crate::mcp::{
 };
 use crate::server::refusals::RpcRefusal;
 use crate::tools::{LogLevel, ToolOutcome};
-
-/// Something to put on a request's SSE stream before its response.
-#[derive(Debug)]
-pub enum StreamItem {
-    /// A notification or a request to the client.
-    Message(Value),
-    /// End the client's current connection; it resumes with Last-Event-ID.
-    Close,
-}
-
-/// The outcome of one request.
-pub enum Reply {
-    /// Known now: the `result` object, or an error object.
-    Done(Result<Value, Value>),
-    /// Known later. `items` go on the SSE stream first (dropped for a JSON
-    /// response); `outcome` resolves to the result or error object.
-    Later {
-        /// Messages while waiting.
-        items: Option<mpsc::UnboundedReceiver<StreamItem>>,
-        /// The eventual result (Ok) or error object (Err).
-        outcome: BoxFuture<'static, Result<Value, Value>>,
-        /// Whether the work goes on when the connection drops (resumable
-        /// with Last-Event-ID), or stops with it.
-        resumable: bool,
-    },
-}
-
-impl Reply {
-    fn err(e: RpcError) -> Self {
-        Self::Done(Err(e.to_json()))
-    }
-}
 
 /// The `Task` wire object.
 pub fn task_json(task: &Task) -> Value {

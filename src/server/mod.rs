@@ -14,6 +14,7 @@ mod modern;
 mod notify;
 pub mod origin;
 mod refusals;
+mod reply;
 mod sessions;
 mod sse;
 mod streams;

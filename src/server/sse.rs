@@ -9,12 +9,23 @@ use std::future::Future;
 use std::time::Duration;
 
 use axum::body::{Body, Bytes};
-use axum::http::{StatusCode, header};
+use axum::http::{HeaderMap, StatusCode, header};
 use axum::response::{IntoResponse, Response};
 use serde_json::Value;
 use tokio::sync::mpsc;
 
-use super::dispatch::StreamItem;
+use super::reply::StreamItem;
+
+/// Whether the request's Accept header takes `media` (or anything).
+pub(super) fn accepts(headers: &HeaderMap, media: &str) -> bool {
+    let Some(accept) = headers.get(header::ACCEPT).and_then(|v| v.to_str().ok()) else {
+        return false;
+    };
+    accept.split(',').any(|part| {
+        let m = part.split(';').next().unwrap_or("").trim();
+        m.eq_ignore_ascii_case(media) || m == "*/*"
+    })
+}
 
 /// Event ids are `<stream>-<n>`, with a random stream id per response.
 fn stream_id() -> String {

@@ -13,22 +13,19 @@ use axum::response::{IntoResponse, Response};
 use serde_json::{Value, json};
 
 use super::auth::{self, AuthError, Principal};
-use super::dispatch::{Reply, StreamItem, dispatch};
+use super::dispatch::dispatch;
 use super::limits::{Requestor, hold_while_streaming};
 use super::notify::{parse_get_event_id, status_notification};
 use super::origin;
+use super::reply::{Reply, StreamItem};
 use super::sessions::Session;
+use super::sse::accepts;
 use super::streams::Attach;
 use super::{AppState, sse};
 use crate::mcp::{
-    self, Incoming, InitializeParams, RequestId, RpcError, error_response, parse_params,
-    success_response,
+    self, Incoming, InitializeParams, RequestId, RpcError, SESSION_HEADER, VERSION_HEADER,
+    error_response, parse_params, success_response,
 };
-
-/// Header carrying the session id (H-5).
-pub const SESSION_HEADER: &str = "mcp-session-id";
-/// Header carrying the protocol version (H-6).
-pub const VERSION_HEADER: &str = "mcp-protocol-version";
 
 /// An HTTP-level refusal with a JSON-RPC error body (`id` null).
 fn http_error(status: StatusCode, code: i64, message: &str) -> Response {
@@ -166,16 +163,6 @@ fn check_origin(state: &AppState, headers: &HeaderMap) -> Option<Response> {
     origin::check(headers, state.local_addr, &state.config.allowed_origins)
         .err()
         .map(|refused| http_error(StatusCode::FORBIDDEN, -32000, refused.message()))
-}
-
-pub(super) fn accepts(headers: &HeaderMap, media: &str) -> bool {
-    let Some(accept) = header_str(headers, header::ACCEPT.as_str()) else {
-        return false;
-    };
-    accept.split(',').any(|part| {
-        let m = part.split(';').next().unwrap_or("").trim();
-        m.eq_ignore_ascii_case(media) || m == "*/*"
-    })
 }
 
 /// 401 with a Bearer challenge (H-13).

@@ -152,8 +152,8 @@ fn elicitation_text(prefix: &str, answer: &Value) -> String {
     format!("{prefix}: action={action}, content={content}")
 }
 
-/// The fixture tools the conformance suite calls.
-pub fn conformance_tools() -> Vec<Arc<dyn Tool>> {
+/// The 2025-11-25 fixtures, for [`super::conformance_tools`].
+pub(super) fn tools() -> Vec<Arc<dyn Tool>> {
     let tools: Vec<Arc<dyn Tool>> = vec![
         fixture(
             "test_simple_text",
@@ -438,13 +438,11 @@ pub fn conformance_tools() -> Vec<Arc<dyn Tool>> {
         ),
     ];
     // The fixtures that ask the client may run as tasks too.
-    let mut tools: Vec<Arc<dyn Tool>> = tools
+    tools
         .into_iter()
         .map(|t| match t.definition().name.as_str() {
             "test_sampling" | "test_elicitation" => task_capable(t),
             _ => t,
         })
-        .collect();
-    tools.extend(super::conformance_modern::tools());
-    tools
+        .collect()
 }

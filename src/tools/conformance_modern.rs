@@ -416,7 +416,7 @@ async fn header_param(arguments: Value, _: ToolContext) -> Step<ToolOutcome> {
     Ok(ToolOutcome::text(format!("region: {region}")))
 }
 
-/// The 2026-07-28 fixtures, for [`super::conformance::conformance_tools`].
+/// The 2026-07-28 fixtures, for [`super::conformance_tools`].
 pub(super) fn tools() -> Vec<Arc<dyn Tool>> {
     let none = json!({});
     vec![

@@ -18,8 +18,15 @@ use tokio_util::sync::CancellationToken;
 use crate::mcp::RpcError;
 
 pub use command::{CommandSpec, CommandTool};
-pub use conformance::conformance_tools;
 pub use demo::demo_tools;
+
+/// The fixture tools the MCP conformance suites call (`serve
+/// --conformance-tools`): those of 2025-11-25 and of 2026-07-28.
+pub fn conformance_tools() -> Vec<Arc<dyn Tool>> {
+    let mut tools = conformance::tools();
+    tools.extend(conformance_modern::tools());
+    tools
+}
 
 /// `execution.taskSupport` of a tool (T-4..T-6).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

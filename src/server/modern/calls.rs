@@ -14,6 +14,7 @@ use serde_json::{Map, Value, json};
 use tokio::sync::{mpsc, oneshot};
 use tokio_util::sync::CancellationToken;
 
+use super::input::{check_answer, undeclared};
 use super::state::{self as request_state, StateError};
 use super::{Refusal, Request, tasks};
 use crate::broker::Caller;
@@ -21,8 +22,8 @@ use crate::broker::keys::KeyError;
 use crate::clock::now_ms;
 use crate::mcp::{self, RpcError, modern};
 use crate::server::AppState;
-use crate::server::dispatch::StreamItem;
 use crate::server::refusals::RpcRefusal;
+use crate::server::reply::StreamItem;
 use crate::tools::{BeforeTask, TaskSupport, Tool, ToolContext, ToolEvent, ToolOutcome};
 
 /// How long a run that has asked the client something goes on collecting
@@ -141,60 +142,6 @@ async fn answers_so_far(
         }
     }
     Ok(answers)
-}
-
-/// Refuse an answer whose shape does not fit the request it answers.
-pub(super) fn check_answer(key: &str, method: &str, answer: &Value) -> Result<(), RpcError> {
-    let bad = |what: &str| {
-        Err(RpcError::invalid_params(format!(
-            "Invalid params: inputResponses.{key} answers {method} but {what}"
-        )))
-    };
-    if !answer.is_object() {
-        return bad("is not an object");
-    }
-    match method {
-        "elicitation/create" => match answer.get("action").and_then(Value::as_str) {
-            Some("accept" | "decline" | "cancel") => Ok(()),
-            _ => bad("has no action of accept, decline or cancel"),
-        },
-        "sampling/createMessage" => {
-            if answer.get("role").is_some_and(Value::is_string)
-                && answer.get("content").is_some()
-                && answer.get("model").is_some_and(Value::is_string)
-            {
-                Ok(())
-            } else {
-                bad("lacks role, content or model")
-            }
-        }
-        "roots/list" => {
-            if answer.get("roots").is_some_and(Value::is_array) {
-                Ok(())
-            } else {
-                bad("has no roots array")
-            }
-        }
-        _ => Ok(()),
-    }
-}
-
-/// The capability a request to the client needs, as a ClientCapabilities
-/// object, when the client did not declare it.
-fn undeclared(capabilities: &Value, method: &str, params: &Value) -> Option<Value> {
-    let (name, declared) = match method {
-        "roots/list" => ("roots", capabilities.get("roots").is_some()),
-        "elicitation/create" => (
-            "elicitation",
-            mcp::client_supports(capabilities, method, params),
-        ),
-        "sampling/createMessage" => (
-            "sampling",
-            mcp::client_supports(capabilities, method, params),
-        ),
-        _ => return None,
-    };
-    (!declared).then(|| json!({ name: {} }))
 }
 
 /// A task for this call, after the rounds the tool wants before it.

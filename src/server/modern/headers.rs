@@ -22,9 +22,9 @@ use base64::engine::general_purpose::STANDARD;
 use serde_json::Value;
 
 use super::{Refusal, Request};
+use crate::mcp::VERSION_HEADER;
 use crate::mcp::modern;
 use crate::server::AppState;
-use crate::server::transport::VERSION_HEADER;
 
 fn header<'a>(headers: &'a HeaderMap, name: &str) -> Result<Option<&'a str>, Refusal> {
     match headers.get(name) {

@@ -12,6 +12,7 @@
 
 mod calls;
 pub mod headers;
+mod input;
 mod listen;
 pub mod state;
 mod tasks;
@@ -23,8 +24,8 @@ use axum::response::{IntoResponse, Response};
 use serde_json::{Value, json};
 
 use super::auth::Principal;
-use super::dispatch::StreamItem;
 use super::limits::hold_while_streaming;
+use super::reply::StreamItem;
 use super::{AppState, sse};
 use crate::broker::STATELESS_OWNER;
 use crate::mcp::modern::{self, Envelope};
@@ -91,7 +92,7 @@ pub fn speaks_modern(headers: &HeaderMap, method: &str, params: Option<&Value>) 
 /// unknown version without the envelope is a 2025 client's mistake: H-6).
 pub fn names_modern_version(headers: &HeaderMap) -> bool {
     headers
-        .get(super::transport::VERSION_HEADER)
+        .get(crate::mcp::VERSION_HEADER)
         .and_then(|v| v.to_str().ok())
         .is_some_and(|v| modern::SUPPORTED_VERSIONS.contains(&v.trim()))
 }
@@ -106,7 +107,7 @@ pub async fn post(
     params: Option<Value>,
 ) -> Response {
     let started = Instant::now();
-    let sse = super::transport::accepts(headers, "text/event-stream");
+    let sse = super::sse::accepts(headers, "text/event-stream");
     let request = match check(headers, principal, &id, &method, params.as_ref()) {
         Ok(r) => r,
         Err(refusal) => {

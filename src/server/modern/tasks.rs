@@ -182,7 +182,7 @@ pub async fn update(
         .map_err(|e| refusal(state, e, "task.update", owner, &p.task_id))?;
     for m in &detail.pending {
         if let Some(answer) = answers.get(&m.request_id) {
-            super::calls::check_answer(&m.request_id, &m.method, answer).map_err(Refusal::rpc)?;
+            super::input::check_answer(&m.request_id, &m.method, answer).map_err(Refusal::rpc)?;
         }
     }
     let stored = state
