@@ -49,7 +49,7 @@ enum Command {
     Bench(client::BenchArgs),
     /// Manage bearer tokens: with any token, every request needs one.
     #[command(subcommand)]
-    Token(TokenCommand),
+    Token(taskbroker::ops::TokenCommand),
     /// Operators: queue depth and age by tool, running jobs, tasks by
     /// status, finish rates and recent failures, read from the database.
     Stats(taskbroker::ops::StatsArgs),
@@ -59,41 +59,6 @@ enum Command {
     /// Operators: a consistent copy of a SQLite database, taken while
     /// brokers run (PostgreSQL: use pg_dump).
     Backup(taskbroker::ops::BackupArgs),
-}
-
-#[derive(Debug, Subcommand)]
-enum TokenCommand {
-    /// Create a token for a principal; prints it once, alone, on the last
-    /// line (only its hash is stored).
-    Create {
-        /// Who the token acts as: tasks and sessions belong to principals.
-        #[arg(long)]
-        principal: String,
-        /// Lifetime, e.g. "30d", "12h" [default: never expires].
-        #[arg(long)]
-        expires: Option<humantime::Duration>,
-        /// May open the web console (/ui), which shows and cancels every
-        /// principal's tasks.
-        #[arg(long)]
-        operator: bool,
-        /// The database: a SQLite file or a postgres://user@host/dbname URL.
-        #[arg(long, env = "TASKBROKER_DB", default_value = "taskbroker.db")]
-        db: PathBuf,
-    },
-    /// List tokens (never their secrets).
-    List {
-        /// The database: a SQLite file or a postgres://user@host/dbname URL.
-        #[arg(long, env = "TASKBROKER_DB", default_value = "taskbroker.db")]
-        db: PathBuf,
-    },
-    /// Revoke a token by id (the part after tbk_ and before the next _).
-    Revoke {
-        /// The token id.
-        id: String,
-        /// The database: a SQLite file or a postgres://user@host/dbname URL.
-        #[arg(long, env = "TASKBROKER_DB", default_value = "taskbroker.db")]
-        db: PathBuf,
-    },
 }
 
 #[derive(Debug, Args)]
@@ -603,87 +568,11 @@ async fn run(command: Command) -> anyhow::Result<ExitCode> {
         }
         Command::Call(args) => std::process::exit(client::call(args).await.into()),
         Command::Tasks(args) => std::process::exit(client::tasks(args).await.into()),
-        Command::Token(cmd) => token(cmd).await?,
+        Command::Token(cmd) => taskbroker::ops::token(cmd).await?,
         Command::Bench(args) => std::process::exit(client::bench(args).await.into()),
         Command::Stats(args) => return Ok(taskbroker::ops::stats(args).await.into()),
         Command::Workers(args) => return Ok(taskbroker::ops::workers(args).await.into()),
         Command::Backup(args) => return Ok(taskbroker::ops::backup(args).await.into()),
     }
     Ok(ExitCode::SUCCESS)
-}
-
-async fn token(cmd: TokenCommand) -> anyhow::Result<()> {
-    use taskbroker::clock::now_ms;
-    use taskbroker::mcp::format_time;
-    use taskbroker::store;
-    match cmd {
-        TokenCommand::Create {
-            principal,
-            expires,
-            operator,
-            db,
-        } => {
-            anyhow::ensure!(
-                !principal.is_empty()
-                    && principal.len() <= 200
-                    && !principal.chars().any(char::is_control),
-                "--principal must be 1-200 printable characters"
-            );
-            let store = store::open(&db, Durability::Full).await?;
-            let (id, token, hash) = taskbroker::server::auth::mint()
-                .map_err(|e| anyhow::anyhow!("no randomness for a token: {e}"))?;
-            let now = now_ms();
-            let expires_at = expires.map(|d| now.saturating_add(ms(*d)));
-            let new = store::NewToken {
-                token_id: id.clone(),
-                principal: principal.clone(),
-                secret_hash: hash.to_vec(),
-                expires_at,
-                operator,
-            };
-            store.token_create(&new, now).await?;
-            store.close().await;
-            eprintln!(
-                "{} {id} for principal '{principal}'{}; it is shown once, store it now:",
-                if operator { "operator token" } else { "token" },
-                expires_at
-                    .map(|at| format!(", expires {}", format_time(at)))
-                    .unwrap_or_default()
-            );
-            println!("{token}");
-            Ok(())
-        }
-        TokenCommand::List { db } => {
-            let store = store::open(&db, Durability::Full).await?;
-            for t in store.token_list().await? {
-                let state = match (t.revoked_at, t.expires_at) {
-                    (Some(at), _) => format!("revoked {}", format_time(at)),
-                    (None, Some(at)) if at <= now_ms() => format!("expired {}", format_time(at)),
-                    (None, Some(at)) => format!("expires {}", format_time(at)),
-                    (None, None) => "no expiry".to_owned(),
-                };
-                let used = t
-                    .last_used_at
-                    .map(format_time)
-                    .unwrap_or_else(|| "never used".into());
-                println!(
-                    "{}\t{}\tcreated {}\t{state}\t{used}{}",
-                    t.token_id,
-                    t.principal,
-                    format_time(t.created_at),
-                    if t.operator { "\toperator" } else { "" }
-                );
-            }
-            store.close().await;
-            Ok(())
-        }
-        TokenCommand::Revoke { id, db } => {
-            let store = store::open(&db, Durability::Full).await?;
-            let revoked = store.token_revoke(&id, now_ms()).await?;
-            store.close().await;
-            anyhow::ensure!(revoked, "no live token with id {id}");
-            println!("token {id} revoked");
-            Ok(())
-        }
-    }
 }

@@ -1,12 +1,14 @@
 //! Operator commands: `taskbroker stats`, `taskbroker workers`,
-//! `taskbroker tasks list --db` and `taskbroker backup`. They read the
-//! database directly (no broker needs to run; one may), so they need what
-//! the broker needs: the SQLite file, or the PostgreSQL URL and its
-//! rights. They never create or migrate a database.
+//! `taskbroker tasks list --db`, `taskbroker backup` and `taskbroker
+//! token`. They use the database directly (no broker needs to run; one
+//! may), so they need what the broker needs: the SQLite file, or the
+//! PostgreSQL URL and its rights. Only `token` creates or migrates a
+//! database (see [`tokens`]).
 
 pub mod backup;
 pub mod stats;
 pub mod tasks;
+pub mod tokens;
 pub mod workers;
 
 use std::path::{Path, PathBuf};
@@ -19,6 +21,7 @@ use crate::store::{self, Durability, Store};
 pub use backup::{BackupArgs, run as backup};
 pub use stats::{StatsArgs, run as stats};
 pub use tasks::TaskListArgs;
+pub use tokens::{TokenCommand, run as token};
 pub use workers::{WorkersArgs, run as workers};
 
 /// `--db` of the operator commands.
