@@ -703,6 +703,18 @@ impl Broker {
         Ok((rows.iter().map(task_from_row).collect(), next))
     }
 
+    /// An operator's cancel (the console): any owner's task, cancelled as
+    /// [`Broker::tasks_cancel`] does for its owner. Returns the task and
+    /// its owner (for the audit line).
+    pub async fn tasks_cancel_any(&self, task_id: &str) -> Result<(Task, String), BrokerError> {
+        let owner = match self.store.task_get(task_id).await? {
+            Some(row) => row.owner,
+            None => return Err(BrokerError::NotFound),
+        };
+        let task = self.tasks_cancel(&owner, task_id).await?;
+        Ok((task, owner))
+    }
+
     /// tasks/cancel: cancelled before this returns (T-21); the running job
     /// is told to stop.
     pub async fn tasks_cancel(&self, owner: &str, task_id: &str) -> Result<Task, BrokerError> {

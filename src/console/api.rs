@@ -481,18 +481,13 @@ pub async fn cancel(
             "Unsupported Media Type: a cancel is a POST with Content-Type: application/json",
         );
     }
-    let owner = match console.store.task_get(&task_id).await {
-        Ok(Some(row)) => row.owner,
-        Ok(None) => return error(StatusCode::NOT_FOUND, "Not Found: no task with this id"),
-        Err(e) => return internal(&e),
-    };
-    let actor = Actor {
-        principal: operator.principal.as_deref(),
-        session: None,
-        owner: owner.clone(),
-    };
-    match console.app.broker.tasks_cancel(&owner, &task_id).await {
-        Ok(task) => {
+    match console.app.broker.tasks_cancel_any(&task_id).await {
+        Ok((task, owner)) => {
+            let actor = Actor {
+                principal: operator.principal.as_deref(),
+                session: None,
+                owner,
+            };
             console.app.audit.record_by(
                 &actor,
                 "tasks/cancel",

@@ -15,25 +15,36 @@ mod api;
 mod events;
 mod pages;
 
+use std::sync::Arc;
+
 use axum::Router;
 use axum::routing::{get, post};
 use tokio_util::sync::CancellationToken;
 
 use crate::server::AppState;
-use crate::store::Store;
+use crate::store::OpsStore;
 
 /// What the console's routes share.
-#[derive(Debug, Clone)]
+#[derive(Clone)]
 pub struct Console {
     /// The server's state: the broker (cancels, the feed, the tools),
     /// tokens, settings and the listen address.
     pub app: AppState,
-    /// The operator reads ([`crate::store::OpsStore`]).
-    pub store: Store,
+    /// The operator reads, and nothing else of the store: writes (a
+    /// cancel) go through the broker.
+    pub store: Arc<dyn OpsStore + Send + Sync>,
     /// `sqlite` or `postgres`, shown in the top bar.
     pub database: &'static str,
     /// Cancelled when the server starts to stop: live streams end.
     pub stopping: CancellationToken,
+}
+
+impl std::fmt::Debug for Console {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Console")
+            .field("database", &self.database)
+            .finish_non_exhaustive()
+    }
 }
 
 /// The console's routes, all under `/ui`.
