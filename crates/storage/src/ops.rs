@@ -239,7 +239,8 @@ pub struct JobInfo {
     pub priority: i64,
     /// Runnable from, ms.
     pub run_after: i64,
-    /// The worker holding its lease.
+    /// The worker holding its lease, or (once the job ended) the one that
+    /// held it last.
     pub lease_owner: Option<String>,
     /// When that lease runs out, ms.
     pub lease_expires_at: Option<i64>,
