@@ -7,6 +7,7 @@ mod feed;
 pub mod keys;
 pub mod maintenance;
 mod open_tasks;
+mod owner;
 pub mod records;
 pub mod slots;
 
@@ -31,6 +32,7 @@ use open_tasks::OpenTasks;
 
 pub use crate::store::TaskStatus;
 pub use feed::{Feed, FeedEvent, TaskWatch};
+pub use owner::Owner;
 pub use writer::{HandedOff, Handoff, Writer};
 
 /// Limits and defaults of task handling.
@@ -87,18 +89,13 @@ pub struct Task {
 /// Who creates a task, as a front end knows it.
 #[derive(Debug, Clone, Copy)]
 pub struct Caller<'a> {
-    /// Whose task it is: `principal:<name>` with tokens; without,
-    /// `session:<id>` (2025-11-25) or [`STATELESS_OWNER`] (2026-07-28).
-    pub owner: &'a str,
+    /// Whose task it is.
+    pub owner: &'a Owner,
     /// The 2025-11-25 session the request came in (its capabilities apply).
     pub session_id: Option<&'a str>,
     /// The client capabilities the request itself declared (2026-07-28).
     pub client_capabilities: Option<&'a Value>,
 }
-
-/// The owner of tasks created without tokens and without a session
-/// (MCP 2026-07-28): whoever holds such a task's id may read and cancel it.
-pub const STATELESS_OWNER: &str = "stateless";
 
 /// One look at a task: the row, its outcome, its open requests.
 #[derive(Debug, Clone)]
@@ -430,7 +427,7 @@ impl Broker {
         requested_ttl: Option<i64>,
         progress_token: Option<Value>,
     ) -> Result<Task, BrokerError> {
-        let owner = caller.owner;
+        let owner = caller.owner.as_str();
         let tool = self.tool_for_call(name, true)?;
         let ttl_ms = self.effective_ttl(requested_ttl)?;
         let arguments = Value::Object(arguments);
@@ -473,10 +470,10 @@ impl Broker {
         Ok(task_from_row(&row))
     }
 
-    async fn visible_row(&self, owner: &str, task_id: &str) -> Result<TaskRow, BrokerError> {
+    async fn visible_row(&self, owner: &Owner, task_id: &str) -> Result<TaskRow, BrokerError> {
         let row = self.store.task_get(task_id).await?;
         match row {
-            Some(row) if row.owner == owner => {
+            Some(row) if row.owner == owner.as_str() => {
                 if row.expires_at.is_some_and(|at| at <= now_ms()) {
                     Err(BrokerError::Expired)
                 } else {
@@ -489,14 +486,18 @@ impl Broker {
     }
 
     /// tasks/get.
-    pub async fn tasks_get(&self, owner: &str, task_id: &str) -> Result<Task, BrokerError> {
+    pub async fn tasks_get(&self, owner: &Owner, task_id: &str) -> Result<Task, BrokerError> {
         Ok(task_from_row(&self.visible_row(owner, task_id).await?))
     }
 
     /// A task with what a stateless client reads in one look (MCP
     /// 2026-07-28 `tasks/get`): its outcome once terminal, and its
     /// unanswered requests while input_required.
-    pub async fn task_detail(&self, owner: &str, task_id: &str) -> Result<TaskDetail, BrokerError> {
+    pub async fn task_detail(
+        &self,
+        owner: &Owner,
+        task_id: &str,
+    ) -> Result<TaskDetail, BrokerError> {
         let row = self.visible_row(owner, task_id).await?;
         let pending = if row.status == TaskStatus::InputRequired {
             self.store.task_messages_pending(task_id).await?
@@ -516,7 +517,7 @@ impl Broker {
     /// many were stored.
     pub async fn answer_task_requests(
         &self,
-        owner: &str,
+        owner: &Owner,
         task_id: &str,
         answers: &Map<String, Value>,
     ) -> Result<usize, BrokerError> {
@@ -547,7 +548,7 @@ impl Broker {
     /// after this look goes unseen.
     pub async fn tasks_result_start(
         &self,
-        owner: &str,
+        owner: &Owner,
         task_id: &str,
     ) -> Result<ResultLook, BrokerError> {
         let feed = self.feed.watch_task(task_id);
@@ -571,7 +572,7 @@ impl Broker {
     /// each request once per wait.
     pub async fn tasks_result_wait(
         &self,
-        owner: &str,
+        owner: &Owner,
         task_id: &str,
         pending: PendingResult,
         events: Option<mpsc::UnboundedSender<WaitEvent>>,
@@ -648,13 +649,13 @@ impl Broker {
     /// owner has that id.
     pub async fn answer_task_request(
         &self,
-        owner: &str,
+        owner: &Owner,
         request_id: &str,
         response: &Value,
     ) -> Result<bool, BrokerError> {
         let outcome = self
             .store
-            .task_message_answer(request_id, owner, &response.to_string(), now_ms())
+            .task_message_answer(request_id, owner.as_str(), &response.to_string(), now_ms())
             .await?;
         if outcome == AnswerOutcome::Stored {
             self.feed.kick();
@@ -667,12 +668,12 @@ impl Broker {
     /// as the tasks were then: what a GET stream missed.
     pub async fn status_changes_since(
         &self,
-        owner: &str,
+        owner: &Owner,
         after_id: i64,
     ) -> Result<Vec<(i64, Task)>, BrokerError> {
         let events = self
             .store
-            .task_events_for_owner_since(owner, after_id, 10_000)
+            .task_events_for_owner_since(owner.as_str(), after_id, 10_000)
             .await?;
         Ok(events.iter().map(|e| (e.id, task_at_event(e))).collect())
     }
@@ -681,22 +682,22 @@ impl Broker {
     /// cursor of the next page while more exist (T-17, T-18, T-19).
     pub async fn tasks_list(
         &self,
-        owner: &str,
+        owner: &Owner,
         cursor: Option<&str>,
     ) -> Result<(Vec<Task>, Option<String>), BrokerError> {
         let before = match cursor {
             None => None,
-            Some(c) => Some(cursor::decode(c, owner).ok_or(BrokerError::InvalidCursor)?),
+            Some(c) => Some(cursor::decode(c, owner.as_str()).ok_or(BrokerError::InvalidCursor)?),
         };
         let limit = self.config.page_size;
         let mut rows = self
             .store
-            .task_list_page(owner, before, limit + 1, now_ms())
+            .task_list_page(owner.as_str(), before, limit + 1, now_ms())
             .await?;
         let more = rows.len() as i64 > limit;
         rows.truncate(limit as usize);
         let next = if more {
-            rows.last().map(|r| cursor::encode(r.seq, owner))
+            rows.last().map(|r| cursor::encode(r.seq, owner.as_str()))
         } else {
             None
         };
@@ -706,9 +707,9 @@ impl Broker {
     /// An operator's cancel (the console): any owner's task, cancelled as
     /// [`Broker::tasks_cancel`] does for its owner. Returns the task and
     /// its owner (for the audit line).
-    pub async fn tasks_cancel_any(&self, task_id: &str) -> Result<(Task, String), BrokerError> {
+    pub async fn tasks_cancel_any(&self, task_id: &str) -> Result<(Task, Owner), BrokerError> {
         let owner = match self.store.task_get(task_id).await? {
-            Some(row) => row.owner,
+            Some(row) => Owner::from_stored(row.owner),
             None => return Err(BrokerError::NotFound),
         };
         let task = self.tasks_cancel(&owner, task_id).await?;
@@ -717,14 +718,14 @@ impl Broker {
 
     /// tasks/cancel: cancelled before this returns (T-21); the running job
     /// is told to stop.
-    pub async fn tasks_cancel(&self, owner: &str, task_id: &str) -> Result<Task, BrokerError> {
+    pub async fn tasks_cancel(&self, owner: &Owner, task_id: &str) -> Result<Task, BrokerError> {
         // Expired tasks answer as expired, like tasks/get.
         self.visible_row(owner, task_id).await?;
         let outcome = self
             .store
             .task_cancel(
                 task_id,
-                owner,
+                owner.as_str(),
                 "The task was cancelled by request.",
                 now_ms(),
             )

@@ -486,7 +486,7 @@ pub async fn cancel(
             let actor = Actor {
                 principal: operator.principal.as_deref(),
                 session: None,
-                owner,
+                owner: owner.to_string(),
             };
             console.app.audit.record_by(
                 &actor,

@@ -4,6 +4,7 @@
 //! protocol generations. Repeated
 //! refused lookups by one requestor raise a warning.
 
+use crate::broker::Owner;
 use std::collections::HashMap;
 use std::sync::Mutex;
 use std::time::{Duration, Instant};
@@ -34,13 +35,13 @@ pub struct Actor<'a> {
 }
 
 impl<'a> Actor<'a> {
-    /// A request without a session, acting for `owner`
-    /// (`principal:<name>`, or the stateless owner).
-    pub fn without_session(owner: &'a str) -> Self {
+    /// A request without a session, acting for `owner` (a principal, or
+    /// the stateless owner).
+    pub fn without_session(owner: &'a Owner) -> Self {
         Self {
-            principal: owner.strip_prefix("principal:"),
+            principal: owner.principal_name(),
             session: None,
-            owner: owner.to_owned(),
+            owner: owner.to_string(),
         }
     }
 }
@@ -50,7 +51,7 @@ impl<'a> From<&'a Session> for Actor<'a> {
         Self {
             principal: session.principal.as_deref(),
             session: Some(&session.id),
-            owner: session.owner(),
+            owner: session.owner().to_string(),
         }
     }
 }

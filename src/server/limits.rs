@@ -71,16 +71,16 @@ impl RequestLimits {
     /// Take one request for `who`, or say why not.
     pub fn check(&self, who: Requestor<'_>) -> Result<(), Refusal> {
         let (limiter, key, what, per, flags) = match who {
-            Requestor::Principal(p) => (
+            Requestor::Principal(_) => (
                 &self.requests,
-                format!("principal:{p}"),
+                who.to_string(),
                 "requests",
                 "principal",
                 "--rate, --rate-burst",
             ),
-            Requestor::Session(id) => (
+            Requestor::Session(_) => (
                 &self.requests,
-                format!("session:{id}"),
+                who.to_string(),
                 "requests",
                 "session",
                 "--rate, --rate-burst",

@@ -2,6 +2,7 @@
 //! restarted server (or another server on the same database) still accepts
 //! them, cached in memory for the hot path.
 
+use crate::broker::Owner;
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicI64, AtomicU8, Ordering};
 use std::sync::{Arc, RwLock};
@@ -80,10 +81,10 @@ impl Session {
 
     /// The owner recorded on this session's tasks: the principal with
     /// authentication (T-36), else the session itself (T-37).
-    pub fn owner(&self) -> String {
+    pub fn owner(&self) -> Owner {
         match &self.principal {
-            Some(p) => format!("principal:{p}"),
-            None => format!("session:{}", self.id),
+            Some(p) => Owner::principal(p),
+            None => Owner::session(&self.id),
         }
     }
 }

@@ -647,7 +647,7 @@ async fn get(state: AppState, headers: HeaderMap, principal: Option<&Principal>)
     // The session's own stream: status notifications of its tasks (T-31),
     // resumable from the database after `g-<feed position>`.
     let owner = session.owner();
-    let live = state.session_streams.attach(&owner);
+    let live = state.session_streams.attach(owner.as_str());
     let resume_from = last.and_then(parse_get_event_id);
     let (from, replay) = match resume_from {
         Some(after) => match state.broker.status_changes_since(&owner, after).await {

@@ -7,7 +7,7 @@
 //! ([`speaks_modern`]). Each request stands alone: it names its
 //! version and client capabilities in `_meta`, and its headers must agree
 //! with its body. Who owns a task: the token's principal, as for 2025
-//! sessions; without tokens, [`STATELESS_OWNER`], so that the task id
+//! sessions; without tokens, [`Owner::stateless`], so that the task id
 //! (random, 122 bits) is the capability to read, answer and cancel it.
 
 mod calls;
@@ -27,7 +27,7 @@ use super::auth::Principal;
 use super::limits::hold_while_streaming;
 use super::reply::StreamItem;
 use super::{AppState, sse};
-use crate::broker::STATELESS_OWNER;
+use crate::broker::Owner;
 use crate::mcp::modern::{self, Envelope};
 use crate::mcp::{self, ErrorCode, RequestId, RpcError};
 
@@ -65,7 +65,7 @@ impl Refusal {
 /// One 2026-07-28 request, checked.
 pub struct Request<'a> {
     /// Whose tasks it may see and creates.
-    pub owner: String,
+    pub owner: Owner,
     /// What it says of itself in `_meta`.
     pub envelope: Envelope,
     /// Its params.
@@ -174,8 +174,8 @@ fn check<'a>(
     }
     headers::check_method(headers, method)?;
     let owner = match principal {
-        Some(p) => format!("principal:{}", p.0),
-        None => STATELESS_OWNER.to_owned(),
+        Some(p) => Owner::principal(&p.0),
+        None => Owner::stateless(),
     };
     Ok(Request {
         owner,

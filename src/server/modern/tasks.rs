@@ -11,7 +11,7 @@
 use serde_json::{Map, Value, json};
 
 use super::Refusal;
-use crate::broker::{BrokerError, Task, TaskDetail, TaskResult, TaskStatus};
+use crate::broker::{BrokerError, Owner, Task, TaskDetail, TaskResult, TaskStatus};
 use crate::mcp::{self, RpcError, modern};
 use crate::server::{Actor, AppState};
 use crate::store::TaskMessage;
@@ -125,7 +125,7 @@ fn refusal(
     state: &AppState,
     e: BrokerError,
     event: &'static str,
-    owner: &str,
+    owner: &Owner,
     task_id: &str,
 ) -> Refusal {
     match e {
@@ -149,7 +149,11 @@ fn refusal(
 }
 
 /// tasks/get.
-pub async fn get(state: &AppState, owner: &str, params: Option<&Value>) -> Result<Value, Refusal> {
+pub async fn get(
+    state: &AppState,
+    owner: &Owner,
+    params: Option<&Value>,
+) -> Result<Value, Refusal> {
     let p = task_params("tasks/get", params)?;
     let detail = state
         .broker
@@ -163,7 +167,7 @@ pub async fn get(state: &AppState, owner: &str, params: Option<&Value>) -> Resul
 /// keys are ignored (SEP-2663), answers of the wrong shape refused.
 pub async fn update(
     state: &AppState,
-    owner: &str,
+    owner: &Owner,
     params: Option<&Value>,
 ) -> Result<Value, Refusal> {
     let p = task_params("tasks/update", params)?;
@@ -198,7 +202,7 @@ pub async fn update(
 /// has already ended.
 pub async fn cancel(
     state: &AppState,
-    owner: &str,
+    owner: &Owner,
     params: Option<&Value>,
 ) -> Result<Value, Refusal> {
     let p = task_params("tasks/cancel", params)?;
