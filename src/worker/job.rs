@@ -1,0 +1,391 @@
+//! One claimed job, run to its end: the tool's progress, logs and
+//! questions to the client (the slot goes back while it waits for people),
+//! its cancellation, and its outcome recorded with a write fenced by the
+//! lease token.
+
+use std::time::Duration;
+
+use serde_json::Value;
+use tokio::sync::mpsc;
+use tokio_util::sync::CancellationToken;
+
+use super::{WorkerPool, millis};
+use crate::broker::slots::Slot;
+use crate::broker::{FeedEvent, outcome_to_record};
+use crate::clock::now_ms;
+use crate::mcp::RpcError;
+use crate::store::{ClaimedJob, StoreError, TaskMessage, TaskStatus};
+use crate::tools::{ToolContext, ToolEvent, ToolOutcome};
+
+impl WorkerPool {
+    /// Run one claimed job to its end, or until its lease is lost, its task
+    /// cancelled, or `release` (shutdown after the grace period).
+    ///
+    /// While the tool waits for its client's answers the job holds no slot:
+    /// the slot goes back when the question is stored, and the answers are
+    /// handed to the tool only once a slot is held again, so a thousand
+    /// tasks waiting for people delay nobody and the limits still hold for
+    /// the tools that run.
+    pub(super) async fn run_job(&self, job: ClaimedJob, slot: Slot, release: CancellationToken) {
+        let mut slot = Some(slot);
+        // Answers the client gave, held until the job has a slot again.
+        let mut answered: Vec<(Answer, Result<Value, RpcError>)> = Vec::new();
+        let started = std::time::Instant::now();
+        tracing::info!(task_id = %job.task_id, tool = %job.tool, attempt = job.attempt, "job started");
+        crate::metrics::get().job_started(job.attempt);
+        let (events_tx, mut events) = mpsc::unbounded_channel();
+        let cancel = CancellationToken::new();
+        let ctx = ToolContext::new(
+            events_tx,
+            cancel.clone(),
+            Some(job.task_id.clone()),
+            job.attempt,
+        );
+        let tool_run = self.spawn_tool(&job, ctx);
+        tokio::pin!(tool_run);
+        let mut heartbeat = tokio::time::interval(self.config.lease / 3);
+        heartbeat.tick().await;
+        // The change feed says at once (any process, ~20 ms) when the task is
+        // cancelled; the heartbeat is the fallback.
+        let mut feed = self.feed.watch_task(&job.task_id);
+        let lease_ms = millis(self.config.lease);
+        let mut progress = ProgressThrottle::default();
+        // Requests to the client this run waits on: (request id, reply).
+        let mut asks: Vec<(String, Answer)> = Vec::new();
+        let outcome = loop {
+            if slot.is_some() && !answered.is_empty() {
+                for (reply, answer) in answered.drain(..) {
+                    let _ = reply.send(answer);
+                }
+                if !asks.is_empty() {
+                    slot = None;
+                }
+            }
+            tokio::select! {
+                outcome = &mut tool_run => break Some(outcome),
+                _ = release.cancelled() => {
+                    cancel.cancel();
+                    match self.store.job_release(job.task_seq, &job.lease_token, now_ms()).await {
+                        Ok(true) => tracing::info!(task_id = %job.task_id, "job released: queued for another worker, attempt not counted"),
+                        Ok(false) => tracing::info!(task_id = %job.task_id, "job of a cancelled task closed"),
+                        Err(e) => tracing::warn!(task_id = %job.task_id, error = %e, "releasing the job failed; its lease will expire"),
+                    }
+                    self.feed.kick();
+                    return;
+                }
+                Some(event) = events.recv() => match event {
+                    ToolEvent::Progress { progress: p, total, message } => {
+                        let text = message.unwrap_or_else(|| match total {
+                            Some(t) => format!("{p}/{t}"),
+                            None => format!("{p}"),
+                        });
+                        progress.pending = Some((p, total, text));
+                        if tokio::time::Instant::now() >= progress.due() {
+                            progress.flush(self, &job).await;
+                        }
+                    }
+                    ToolEvent::Request { method, params, reply, .. } => {
+                        match self.ask_client(&job, &method, params).await {
+                            Ok(request_id) => {
+                                asks.push((request_id, reply));
+                                // Waiting for a person holds nothing.
+                                slot = None;
+                            }
+                            Err(e) => {
+                                let _ = reply.send(Err(e));
+                            }
+                        }
+                    }
+                    other => self.on_tool_event(&job, other).await,
+                },
+                Some(change) = feed.recv() => {
+                    if let FeedEvent::Status(e) = change.as_ref()
+                        && e.task_id == job.task_id
+                    {
+                        if e.to_status == TaskStatus::Cancelled {
+                            cancel.cancel();
+                            break None;
+                        }
+                        if e.to_status == TaskStatus::Working && !asks.is_empty() {
+                            self.collect_answers(&mut asks, &mut answered).await;
+                        }
+                    }
+                }
+                _ = tokio::time::sleep_until(progress.due()), if progress.pending.is_some() => {
+                    progress.flush(self, &job).await;
+                }
+                acquired = self.slots.acquire(&job.tool), if slot.is_none() && !answered.is_empty() => {
+                    slot = acquired;
+                }
+                _ = heartbeat.tick() => {
+                    if !asks.is_empty() {
+                        self.collect_answers(&mut asks, &mut answered).await;
+                    }
+                    match self.store.job_heartbeat(job.task_seq, &job.lease_token, lease_ms, now_ms()).await {
+                        Ok(hb) if hb.cancel_requested => { cancel.cancel(); break None; }
+                        Ok(_) => {}
+                        Err(StoreError::LeaseLost) => {
+                            cancel.cancel();
+                            tracing::warn!(task_id = %job.task_id, "lease lost: tool stopped, nothing written");
+                            return;
+                        }
+                        Err(e) => tracing::warn!(task_id = %job.task_id, error = %e, "heartbeat failed"),
+                    }
+                }
+            }
+        };
+        let Some(outcome) = outcome else {
+            // Cancelled: the task already says so; close the job.
+            match self
+                .store
+                .job_finish_cancelled(job.task_seq, &job.lease_token, now_ms())
+                .await
+            {
+                Ok(()) => tracing::info!(task_id = %job.task_id, "job stopped: task cancelled"),
+                Err(e) => {
+                    tracing::warn!(task_id = %job.task_id, error = %e, "closing cancelled job failed")
+                }
+            }
+            return;
+        };
+        // Progress reported just before the end is stored before the end.
+        while let Ok(ToolEvent::Progress {
+            progress: p,
+            total,
+            message,
+        }) = events.try_recv()
+        {
+            progress.pending = Some((p, total, message.unwrap_or_else(|| format!("{p}"))));
+        }
+        progress.flush(self, &job).await;
+        self.record(&job, &outcome, started).await;
+    }
+
+    /// Run the tool in its own task so a panic becomes a failed task, and
+    /// dropping the returned future stops the tool.
+    fn spawn_tool(
+        &self,
+        job: &ClaimedJob,
+        ctx: ToolContext,
+    ) -> impl std::future::Future<Output = ToolOutcome> + use<> {
+        let tool = self.tools.get(&job.tool).cloned();
+        let arguments: Value = serde_json::from_str(&job.arguments).unwrap_or(Value::Null);
+        let name = job.tool.clone();
+        async move {
+            let Some(tool) = tool else {
+                return ToolOutcome::Error(RpcError::invalid_params(format!(
+                    "Unknown tool: {name} (not served by this worker)"
+                )));
+            };
+            let handle = tokio::spawn(async move { tool.call(arguments, ctx).await });
+            let guard = AbortOnDrop(handle.abort_handle());
+            let result = handle.await;
+            drop(guard);
+            match result {
+                Ok(outcome) => outcome,
+                Err(e) if e.is_panic() => ToolOutcome::Error(RpcError::new(
+                    crate::mcp::ErrorCode::InternalError,
+                    format!("Tool '{name}' panicked"),
+                )),
+                Err(_) => ToolOutcome::Error(RpcError::internal()),
+            }
+        }
+    }
+
+    /// Store a request of the tool to the client: the task moves to
+    /// input_required (T-24) and the server delivers the request with the
+    /// related-task _meta (T-25). Returns the request id to wait on.
+    async fn ask_client(
+        &self,
+        job: &ClaimedJob,
+        method: &str,
+        mut params: Value,
+    ) -> Result<String, RpcError> {
+        let caps = self
+            .store
+            .task_client_capabilities(job.task_seq)
+            .await
+            .map_err(|_| RpcError::internal())?
+            .and_then(|c| serde_json::from_str::<Value>(&c).ok())
+            .unwrap_or(Value::Null);
+        if !crate::mcp::client_supports(&caps, method, &params) {
+            return Err(RpcError::new(
+                crate::mcp::ErrorCode::MethodNotFound,
+                format!("the client did not declare the capability for {method}"),
+            ));
+        }
+        if let Value::Object(obj) = &mut params {
+            let meta = obj.entry("_meta").or_insert_with(|| serde_json::json!({}));
+            if let Value::Object(meta) = meta {
+                meta.insert(
+                    crate::mcp::RELATED_TASK_META.into(),
+                    serde_json::json!({ "taskId": job.task_id }),
+                );
+            }
+        }
+        let message = TaskMessage {
+            request_id: format!("tb-{}", uuid::Uuid::new_v4().simple()),
+            task_id: job.task_id.clone(),
+            method: method.to_owned(),
+            params: params.to_string(),
+            response: None,
+        };
+        match self
+            .store
+            .task_message_ask(job.task_seq, &job.lease_token, &message, now_ms())
+            .await
+        {
+            Ok(()) => {
+                // A second request while already input_required changes no
+                // status (no feed event): tell this process's waiters here.
+                self.feed.written(&job.task_id);
+                self.feed.kick();
+                tracing::info!(task_id = %job.task_id, method, request_id = %message.request_id, "task asks the client: input_required");
+                Ok(message.request_id)
+            }
+            Err(e) => {
+                tracing::warn!(task_id = %job.task_id, error = %e, "could not ask the client");
+                Err(RpcError::internal())
+            }
+        }
+    }
+
+    /// Move every answered request out of `asks`, with its answer, into
+    /// `answered` (the caller hands them to the tool once it has a slot).
+    async fn collect_answers(
+        &self,
+        asks: &mut Vec<(String, Answer)>,
+        ready: &mut Vec<(Answer, Result<Value, RpcError>)>,
+    ) {
+        let mut waiting = Vec::new();
+        for (request_id, reply) in asks.drain(..) {
+            let answered = match self.store.task_message_get(&request_id).await {
+                Ok(Some(m)) => m.response,
+                Ok(None) => None,
+                Err(e) => {
+                    tracing::warn!(request_id, error = %e, "reading an answer failed");
+                    None
+                }
+            };
+            let Some(response) = answered else {
+                waiting.push((request_id, reply));
+                continue;
+            };
+            let message: Value = serde_json::from_str(&response).unwrap_or(Value::Null);
+            let result = match (message.get("result"), message.get("error")) {
+                (Some(r), _) => Ok(r.clone()),
+                (None, Some(e)) => Err(RpcError::from_json(e)),
+                (None, None) => Err(RpcError::invalid_request(
+                    "the client's answer has no result or error",
+                )),
+            };
+            ready.push((reply, result));
+        }
+        *asks = waiting;
+    }
+
+    async fn on_tool_event(&self, job: &ClaimedJob, event: ToolEvent) {
+        let message = match event {
+            ToolEvent::Status(message) => message,
+            // Progress goes through the throttle in run_job.
+            ToolEvent::Progress { .. } => return,
+            // Requests go through ask_client in run_job.
+            ToolEvent::Request { .. } => return,
+            ToolEvent::Log { level, data } => {
+                tracing::info!(task_id = %job.task_id, level = level.as_str(), %data, "tool log");
+                return;
+            }
+            ToolEvent::CloseStream => return,
+        };
+        if let Err(e) = self
+            .store
+            .task_set_status_message(job.task_seq, &job.lease_token, &message, now_ms())
+            .await
+        {
+            tracing::debug!(task_id = %job.task_id, error = %e, "status message not stored");
+        }
+    }
+
+    async fn record(&self, job: &ClaimedJob, outcome: &ToolOutcome, started: std::time::Instant) {
+        let record = outcome_to_record(outcome);
+        // A busy database is retried; a lost lease is final.
+        for attempt in 0..5u32 {
+            match self
+                .writer
+                .complete(job.task_seq, &job.task_id, &job.lease_token, record.clone())
+                .await
+            {
+                Ok(took) => {
+                    if took {
+                        let m = crate::metrics::get();
+                        m.task_finished(&job.tool, &record.status.to_string());
+                        m.job_ran(&job.tool, started.elapsed());
+                    }
+                    tracing::info!(task_id = %job.task_id, status = %record.status, recorded = took,
+                                   elapsed_ms = started.elapsed().as_millis() as u64, "task completed");
+                    return;
+                }
+                Err(StoreError::LeaseLost) => {
+                    tracing::warn!(task_id = %job.task_id, "lease lost before completion: outcome dropped");
+                    return;
+                }
+                Err(e) => {
+                    tracing::warn!(task_id = %job.task_id, error = %e, attempt, "recording outcome failed; retrying");
+                    tokio::time::sleep(Duration::from_millis(100 << attempt)).await;
+                }
+            }
+        }
+    }
+}
+
+/// Progress is stored at most every `PROGRESS_EVERY` per job; the latest
+/// report waits for its turn, older ones in between are dropped.
+#[derive(Debug, Default)]
+struct ProgressThrottle {
+    pending: Option<(f64, Option<f64>, String)>,
+    last: Option<tokio::time::Instant>,
+}
+
+const PROGRESS_EVERY: Duration = Duration::from_millis(100);
+
+impl ProgressThrottle {
+    fn due(&self) -> tokio::time::Instant {
+        match self.last {
+            Some(last) => last + PROGRESS_EVERY,
+            None => tokio::time::Instant::now(),
+        }
+    }
+
+    async fn flush(&mut self, pool: &WorkerPool, job: &ClaimedJob) {
+        let Some((progress, total, message)) = self.pending.take() else {
+            return;
+        };
+        self.last = Some(tokio::time::Instant::now());
+        let stored = pool
+            .store
+            .task_record_progress(
+                job.task_seq,
+                &job.lease_token,
+                progress,
+                total,
+                &message,
+                now_ms(),
+            )
+            .await;
+        match stored {
+            Ok(()) => pool.feed.kick(),
+            Err(e) => tracing::debug!(task_id = %job.task_id, error = %e, "progress not stored"),
+        }
+    }
+}
+
+/// Where a tool waits for the client's answer.
+type Answer = tokio::sync::oneshot::Sender<Result<Value, RpcError>>;
+
+struct AbortOnDrop(tokio::task::AbortHandle);
+
+impl Drop for AbortOnDrop {
+    fn drop(&mut self) {
+        self.0.abort();
+    }
+}
