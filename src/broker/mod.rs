@@ -1,6 +1,7 @@
-//! The task rules of MCP 2025-11-25: create, get, result, list, cancel, ttl,
-//! the status machine, cursors. Speaks in domain types; knows nothing of
-//! HTTP, and leaves every SQL statement to `store/`.
+//! The task rules both protocol generations share: create, get, result,
+//! list, cancel, ttl, input requests, owners, cursors, the keys that sign
+//! what clients carry. Speaks in domain types; knows nothing of HTTP, and
+//! leaves every SQL statement to the storage drivers.
 
 pub mod cursor;
 mod feed;
