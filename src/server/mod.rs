@@ -15,6 +15,8 @@ mod notify;
 pub mod origin;
 mod refusals;
 mod reply;
+mod responses;
+mod session_http;
 mod sessions;
 mod sse;
 mod streams;
