@@ -299,19 +299,28 @@ pub async fn serve(config: ServeConfig) -> anyhow::Result<()> {
 
 /// The database of a worker process, once its schema is this build's: a
 /// worker started together with a broker (or `taskbroker migrate`) on a
-/// new database waits up to [`defaults::SCHEMA_WAIT`] for it to be
-/// created and migrated, then gives the same error as without waiting.
+/// new database waits for it to be created and migrated. It gives up, with
+/// the same error as without waiting, once the answer has stayed the same
+/// for [`defaults::SCHEMA_WAIT`] (nobody is migrating: a database left
+/// old), and in any case after [`defaults::SCHEMA_WAIT_LONGEST`]. A
+/// migration under way changes the answer (the applied version, or the
+/// file locked by the migrator), and so keeps the worker waiting.
 async fn open_when_migrated(
     db: &std::path::Path,
     durability: store::Durability,
 ) -> Result<store::Store, store::StoreError> {
-    let deadline = tokio::time::Instant::now() + crate::defaults::SCHEMA_WAIT;
+    use tokio::time::Instant;
+    let longest = Instant::now() + defaults::SCHEMA_WAIT_LONGEST;
+    let mut still = Instant::now() + defaults::SCHEMA_WAIT;
+    let mut last = String::new();
     loop {
         match store::open_existing(db, durability).await {
-            Err(store::StoreError::NotMigrated(reason))
-                if tokio::time::Instant::now() < deadline =>
-            {
-                tracing::debug!(%reason, "waiting for the database schema");
+            Err(store::StoreError::NotMigrated(reason)) if Instant::now() < still.min(longest) => {
+                if reason != last {
+                    tracing::debug!(%reason, "waiting for the database schema");
+                    still = Instant::now() + defaults::SCHEMA_WAIT;
+                    last = reason;
+                }
                 tokio::time::sleep(std::time::Duration::from_millis(100)).await;
             }
             other => return other,

@@ -38,8 +38,13 @@ pub const WORKER_RETENTION: Duration = Duration::from_secs(7 * 24 * 3600);
 pub const REQUEST_STATE_KEY_PERIOD: Duration = Duration::from_secs(24 * 3600);
 /// How long a worker process started on a database that does not exist
 /// yet, or is not migrated yet, waits for a broker (or `taskbroker
-/// migrate`) to create and migrate it before it gives up.
+/// migrate`) to create and migrate it while nothing changes (the file does
+/// not appear, the schema version does not move) before it gives up.
 pub const SCHEMA_WAIT: Duration = Duration::from_secs(5);
+/// The longest a worker waits for a migration that goes on moving: the
+/// deadline of a migration that races another (SQLite), so a worker waits
+/// out any broker that is still migrating.
+pub const SCHEMA_WAIT_LONGEST: Duration = Duration::from_secs(60);
 /// On shutdown, how long running jobs may finish.
 pub const GRACE: Duration = Duration::from_secs(10);
 /// Longest task ttl; requested ttls are clamped.

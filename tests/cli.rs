@@ -1302,6 +1302,83 @@ async fn item5_call_answers_elicitation_from_input_or_says_how() {
     }
 }
 
+/// Issue 23 item 5: Ctrl-C while the CLI waits for an answer on the
+/// terminal ends the command with exit 130, as Ctrl-C does while it waits
+/// for a result (the blocked read of the terminal does not hold it).
+#[tokio::test]
+async fn item5_ctrl_c_at_a_question_exits_130() {
+    let has_script = std::process::Command::new("script")
+        .arg("--version")
+        .output()
+        .is_ok_and(|o| o.status.success());
+    if !has_script {
+        use std::io::Write;
+        let _ = writeln!(
+            std::io::stderr(),
+            "skipping the terminal test: no `script` (util-linux) here"
+        );
+        return;
+    }
+    use tokio::io::AsyncReadExt;
+    let server = Server::start(&[]);
+    let cli = Cli::new();
+    let line = format!(
+        "{} call approve --args '{{\"question\":\"Ship it?\"}}' --url {}",
+        env!("CARGO_BIN_EXE_taskbroker"),
+        server.url
+    );
+    let mut child = tokio::process::Command::new("script")
+        .args(["-qec", &line, "/dev/null"])
+        .env_remove("TASKBROKER_URL")
+        .env_remove("TASKBROKER_TOKEN")
+        .env_remove("RUST_LOG")
+        .env("XDG_STATE_HOME", cli.state_home())
+        .env("HOME", cli.dir.path().join("home"))
+        .current_dir(cli.cwd())
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .kill_on_drop(true)
+        .spawn()
+        .unwrap();
+    let mut stdin = child.stdin.take().unwrap();
+    let mut stdout = child.stdout.take().unwrap();
+    // Wait until the question is on the terminal, then press Ctrl-C.
+    let mut seen = Vec::new();
+    let asked = tokio::time::timeout(Duration::from_secs(60), async {
+        let mut buf = [0u8; 4096];
+        loop {
+            let n = stdout.read(&mut buf).await.unwrap();
+            assert!(
+                n > 0,
+                "ended before asking: {}",
+                String::from_utf8_lossy(&seen)
+            );
+            seen.extend_from_slice(&buf[..n]);
+            if String::from_utf8_lossy(&seen).contains("[y/n]") {
+                break;
+            }
+        }
+    })
+    .await;
+    assert!(
+        asked.is_ok(),
+        "never asked: {}",
+        String::from_utf8_lossy(&seen)
+    );
+    stdin.write_all(b"\x03").await.unwrap();
+    let status = tokio::time::timeout(Duration::from_secs(30), child.wait())
+        .await
+        .expect("Ctrl-C ended the command within 30 s")
+        .unwrap();
+    assert_eq!(
+        status.code(),
+        Some(130),
+        "{}",
+        String::from_utf8_lossy(&seen)
+    );
+}
+
 /// Issue item 5: on a terminal (a real pseudo-terminal, made by util-linux
 /// `script`) the CLI asks each field of the question itself: a typed
 /// answer that does not fit the field's type is asked again, `y` answers

@@ -4291,8 +4291,9 @@ fn new_token(id: &str, principal: &str, hash: &[u8], expires_at: Option<i64>) ->
 /// database. Two processes (two handles, two `SigningKeys`) asking at once
 /// for this period's key get the same one, made once; a state of the
 /// previous period is still accepted, an older one is not; the purge
-/// deletes exactly the keys no state may use, and a process that never
-/// cached such a key can no longer read it.
+/// deletes exactly the keys no state may use (a period later than this
+/// clock stops accepting them), and a process that never cached such a key
+/// can no longer read it.
 async fn request_state_keys_are_shared_rotated_and_purged(db: TestDb) {
     use taskbroker::broker::keys::{KeyError, SigningKeys};
     const PERIOD: i64 = 3_600_000;
@@ -4327,8 +4328,14 @@ async fn request_state_keys_are_shared_rotated_and_purged(db: TestDb) {
         Err(KeyError::Expired(_))
     ));
 
-    let purged = here.purge(much_later).await.unwrap();
-    assert_eq!(purged, 1, "only epoch 10 is past use");
+    // A period is kept beyond what this clock accepts (for a clock ahead).
+    assert_eq!(
+        here.purge(much_later).await.unwrap(),
+        0,
+        "epoch 10 is kept a period more"
+    );
+    let purged = here.purge(much_later + PERIOD).await.unwrap();
+    assert_eq!(purged, 1, "then only epoch 10 is past use");
     let fresh_process = SigningKeys::with_period(other, PERIOD);
     assert_eq!(fresh_process.for_epoch(11, much_later).await.unwrap(), next);
     assert!(matches!(

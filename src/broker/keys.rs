@@ -111,11 +111,13 @@ impl SigningKeys {
         }
     }
 
-    /// Delete the keys no state may use any more; how many went.
+    /// Delete the keys no state may use any more; how many went. One
+    /// period more is kept than this clock accepts, so a broker whose clock
+    /// runs ahead never deletes a key the others still accept.
     pub async fn purge(&self, now: i64) -> Result<u64, StoreError> {
-        let oldest_accepted = self.epoch(now) - 1;
-        self.lock().retain(|&epoch, _| epoch >= oldest_accepted);
-        self.store.request_state_key_purge(oldest_accepted).await
+        let oldest_kept = self.epoch(now) - 2;
+        self.lock().retain(|&epoch, _| epoch >= oldest_kept);
+        self.store.request_state_key_purge(oldest_kept).await
     }
 
     fn cached(&self, epoch: i64) -> Option<SigningKey> {

@@ -98,7 +98,35 @@ impl Answerer {
                 fields: question.fields(),
             });
         }
+        let _ctrl_c = CtrlCEndsPrompt::arm();
         super::progress::suspended(|| question.ask_terminal())
+    }
+}
+
+/// While a question is read from the terminal, Ctrl-C ends the command
+/// (exit 130, as Ctrl-C does elsewhere): the blocked read cannot be
+/// interrupted, and the command's own Ctrl-C handling waits for it.
+struct CtrlCEndsPrompt(Option<tokio::task::JoinHandle<()>>);
+
+impl CtrlCEndsPrompt {
+    fn arm() -> Self {
+        let watch = tokio::runtime::Handle::try_current().ok().map(|runtime| {
+            runtime.spawn(async {
+                if tokio::signal::ctrl_c().await.is_ok() {
+                    eprintln!();
+                    std::process::exit(i32::from(super::EXIT_INTERRUPTED));
+                }
+            })
+        });
+        Self(watch)
+    }
+}
+
+impl Drop for CtrlCEndsPrompt {
+    fn drop(&mut self) {
+        if let Some(watch) = &self.0 {
+            watch.abort();
+        }
     }
 }
 

@@ -56,15 +56,19 @@ impl CliSession {
         }
         let lock = state.lock().await;
         let stored = state.load();
-        if let Some(id) = stored.session
-            && (stored.answers_questions || !calls)
-        {
-            client.use_session(&id);
-            return Ok(Self {
-                client,
-                origin: Origin::Stored,
-                state,
-            });
+        if let Some(id) = &stored.session {
+            if stored.answers_questions || !calls {
+                client.use_session(id);
+                return Ok(Self {
+                    client,
+                    origin: Origin::Stored,
+                    state,
+                });
+            }
+            eprintln!(
+                "taskbroker: the stored session {id} cannot answer a tool's questions (an \
+                 earlier client made it); a new one replaces it (its tasks: --session {id})"
+            );
         }
         client.initialize().await?;
         state.update(&lock, |b| {

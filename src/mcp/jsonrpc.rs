@@ -132,10 +132,11 @@ impl RpcError {
 pub struct RequestId(pub Value);
 
 impl std::fmt::Display for RequestId {
-    /// As written by the client, without JSON quotes (for logs).
+    /// As written by the client, without JSON quotes (for logs), control
+    /// characters escaped so that an id cannot forge a log line.
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         match &self.0 {
-            Value::String(s) => f.write_str(s),
+            Value::String(s) => write!(f, "{}", s.escape_debug()),
             other => write!(f, "{other}"),
         }
     }

@@ -153,7 +153,7 @@ impl SqliteStore {
                 // to WAL) is locked for longer than a busy wait covers.
                 if e.to_string().contains("database is locked") {
                     StoreError::NotMigrated(format!(
-                        "database {}: locked by another process creating it",
+                        "database {}: locked by another process (one creating or migrating it)",
                         path.display()
                     ))
                 } else {

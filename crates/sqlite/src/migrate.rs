@@ -130,12 +130,27 @@ pub(super) async fn run(path: &Path, options: &SqliteConnectOptions) -> Result<u
             Ok(applied) => return Ok(applied),
             Err(e) => e,
         };
-        // A file that can never be a database is not worth another try.
-        let hopeless = ["file is not a database", "unable to open", "readonly"]
-            .iter()
-            .any(|t| error.contains(t));
-        if hopeless {
-            return Err(super::open_failed(path, &error));
+        // Only what another process migrating at once causes is worth
+        // another try: the file locked, a table or history row it made
+        // first. Anything else (a file that is no database, a full or
+        // broken disk, a migration that fails on its own) is said at once.
+        let raced = [
+            "database is locked",
+            "database table is locked",
+            "already exists",
+            "UNIQUE constraint failed: refinery_schema_history",
+        ]
+        .iter()
+        .any(|t| error.contains(t));
+        if !raced {
+            let unusable = ["file is not a database", "unable to open", "readonly"]
+                .iter()
+                .any(|t| error.contains(t));
+            return Err(if unusable {
+                super::open_failed(path, &error)
+            } else {
+                StoreError::Migrate(error)
+            });
         }
         attempt += 1;
         if tokio::time::Instant::now() >= deadline {
