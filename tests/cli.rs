@@ -1302,21 +1302,47 @@ async fn item5_call_answers_elicitation_from_input_or_says_how() {
     }
 }
 
-/// Issue 23 item 5: Ctrl-C while the CLI waits for an answer on the
-/// terminal ends the command with exit 130, as Ctrl-C does while it waits
-/// for a result (the blocked read of the terminal does not hold it).
-#[tokio::test]
-async fn item5_ctrl_c_at_a_question_exits_130() {
-    let has_script = std::process::Command::new("script")
+/// Whether util-linux `script` is here to make a pseudo-terminal (else the
+/// terminal tests say they are skipped).
+fn has_script() -> bool {
+    let here = std::process::Command::new("script")
         .arg("--version")
         .output()
         .is_ok_and(|o| o.status.success());
-    if !has_script {
+    if !here {
         use std::io::Write;
         let _ = writeln!(
             std::io::stderr(),
             "skipping the terminal test: no `script` (util-linux) here"
         );
+    }
+    here
+}
+
+/// `line` (a shell command) run by `script` on a pseudo-terminal, with the
+/// CLI's state in `cli`'s folders and every pipe captured.
+fn on_a_terminal(cli: &Cli, line: &str) -> tokio::process::Command {
+    let mut cmd = tokio::process::Command::new("script");
+    cmd.args(["-qec", line, "/dev/null"])
+        .env_remove("TASKBROKER_URL")
+        .env_remove("TASKBROKER_TOKEN")
+        .env_remove("RUST_LOG")
+        .env("XDG_STATE_HOME", cli.state_home())
+        .env("HOME", cli.dir.path().join("home"))
+        .current_dir(cli.cwd())
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .kill_on_drop(true);
+    cmd
+}
+
+/// Issue 23 item 5: Ctrl-C while the CLI waits for an answer on the
+/// terminal ends the command with exit 130, as Ctrl-C does while it waits
+/// for a result (the blocked read of the terminal does not hold it).
+#[tokio::test]
+async fn item5_ctrl_c_at_a_question_exits_130() {
+    if !has_script() {
         return;
     }
     use tokio::io::AsyncReadExt;
@@ -1327,20 +1353,7 @@ async fn item5_ctrl_c_at_a_question_exits_130() {
         env!("CARGO_BIN_EXE_taskbroker"),
         server.url
     );
-    let mut child = tokio::process::Command::new("script")
-        .args(["-qec", &line, "/dev/null"])
-        .env_remove("TASKBROKER_URL")
-        .env_remove("TASKBROKER_TOKEN")
-        .env_remove("RUST_LOG")
-        .env("XDG_STATE_HOME", cli.state_home())
-        .env("HOME", cli.dir.path().join("home"))
-        .current_dir(cli.cwd())
-        .stdin(Stdio::piped())
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped())
-        .kill_on_drop(true)
-        .spawn()
-        .unwrap();
+    let mut child = on_a_terminal(&cli, &line).spawn().unwrap();
     let mut stdin = child.stdin.take().unwrap();
     let mut stdout = child.stdout.take().unwrap();
     // Wait until the question is on the terminal, then press Ctrl-C.
@@ -1385,16 +1398,7 @@ async fn item5_ctrl_c_at_a_question_exits_130() {
 /// it, and the call completes; plain and as a task, in both generations.
 #[tokio::test]
 async fn item5_call_asks_the_question_on_a_terminal() {
-    let has_script = std::process::Command::new("script")
-        .arg("--version")
-        .output()
-        .is_ok_and(|o| o.status.success());
-    if !has_script {
-        use std::io::Write;
-        let _ = writeln!(
-            std::io::stderr(),
-            "skipping the terminal test: no `script` (util-linux) here"
-        );
+    if !has_script() {
         return;
     }
     let server = Server::start(&[]);
@@ -1406,19 +1410,7 @@ async fn item5_call_asks_the_question_on_a_terminal() {
                 env!("CARGO_BIN_EXE_taskbroker"),
                 server.url
             );
-            let mut cmd = tokio::process::Command::new("script");
-            cmd.args(["-qec", &line, "/dev/null"])
-                .env_remove("TASKBROKER_URL")
-                .env_remove("TASKBROKER_TOKEN")
-                .env_remove("RUST_LOG")
-                .env("XDG_STATE_HOME", cli.state_home())
-                .env("HOME", cli.dir.path().join("home"))
-                .current_dir(cli.cwd())
-                .stdin(Stdio::piped())
-                .stdout(Stdio::piped())
-                .stderr(Stdio::piped())
-                .kill_on_drop(true);
-            let mut child = cmd.spawn().unwrap();
+            let mut child = on_a_terminal(&cli, &line).spawn().unwrap();
             let mut stdin = child.stdin.take().unwrap();
             // Typed ahead: the terminal keeps the lines until they are read.
             stdin.write_all(b"maybe\ny\n").await.unwrap();
