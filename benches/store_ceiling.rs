@@ -96,6 +96,7 @@ fn outcome() -> TaskOutcome {
         status_message: None,
         result: r#"{"content":[{"type":"text","text":"done"}]}"#.to_owned(),
         result_kind: ResultKind::Result,
+        tool_error: false,
     }
 }
 

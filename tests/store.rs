@@ -409,6 +409,7 @@ fn completed_outcome() -> TaskOutcome {
         status_message: None,
         result: r#"{"content":[{"type":"text","text":"hello"}],"isError":false}"#.to_owned(),
         result_kind: ResultKind::Result,
+        tool_error: false,
     }
 }
 
@@ -418,6 +419,7 @@ fn failed_outcome(message: &str) -> TaskOutcome {
         status_message: Some(message.to_owned()),
         result: r#"{"code":-32602,"message":"Invalid params"}"#.to_owned(),
         result_kind: ResultKind::Error,
+        tool_error: false,
     }
 }
 
@@ -2298,7 +2300,9 @@ async fn job_rescue_expired_fails_task_when_attempts_are_exhausted(db: TestDb) {
     assert!(message.contains('2'), "says how many times: {message}");
     assert_eq!(task.result_kind, Some(ResultKind::Error));
     let error: serde_json::Value = serde_json::from_str(task.result.as_deref().unwrap()).unwrap();
-    assert_eq!(error["code"], serde_json::json!(-32603));
+    // An error record of the broker's own: no protocol's code (each front
+    // end reports it as an internal error; tests/restart.rs sees -32603).
+    assert_eq!(error.get("code"), None, "{error}");
     assert!(
         error["message"].as_str().unwrap().contains("worker lost"),
         "{error}"

@@ -8,6 +8,7 @@ mod feed;
 pub mod keys;
 pub mod maintenance;
 mod open_tasks;
+mod outcome;
 mod owner;
 pub mod records;
 pub mod slots;
@@ -32,9 +33,11 @@ use open_tasks::OpenTasks;
 
 pub use crate::store::TaskStatus;
 pub use feed::{Feed, FeedEvent, TaskWatch};
+use outcome::result_of;
+pub use outcome::{ClientAnswer, ErrorRecord, TaskResult, outcome_to_record};
 pub use owner::Owner;
-pub use task::{Task, TaskDetail, TaskResult, WaitEvent, outcome_to_record, task_at_event};
-use task::{result_of, task_from_row};
+use task::task_from_row;
+pub use task::{Task, TaskDetail, WaitEvent, task_at_event};
 pub use writer::{HandedOff, Handoff, Writer};
 
 /// Limits and defaults of task handling.
@@ -395,11 +398,9 @@ impl Broker {
             let Some(answer) = answers.get(&message.request_id) else {
                 continue;
             };
-            let response = serde_json::json!({
-                "jsonrpc": "2.0", "id": message.request_id, "result": answer
-            });
+            let answer = ClientAnswer::Result(answer.clone());
             if self
-                .answer_task_request(owner, &message.request_id, &response)
+                .answer_task_request(owner, &message.request_id, &answer)
                 .await?
             {
                 stored += 1;
@@ -516,11 +517,11 @@ impl Broker {
         &self,
         owner: &Owner,
         request_id: &str,
-        response: &Value,
+        answer: &ClientAnswer,
     ) -> Result<bool, BrokerError> {
         let outcome = self
             .store
-            .task_message_answer(request_id, owner.as_str(), &response.to_string(), now_ms())
+            .task_message_answer(request_id, owner.as_str(), &answer.to_stored(), now_ms())
             .await?;
         if outcome == AnswerOutcome::Stored {
             self.feed.kick();

@@ -1,14 +1,11 @@
-//! Tasks as the rules see them ([`Task`], [`TaskDetail`], [`TaskResult`],
-//! [`WaitEvent`]), and how they are read from stored rows and events and
-//! how a tool's outcome is stored.
+//! Tasks as the rules see them ([`Task`], [`TaskDetail`], [`WaitEvent`])
+//! and how they are read from stored rows and events (the outcome's own
+//! values are in `outcome`).
 
 use serde_json::Value;
 
-use crate::mcp::{ErrorCode, RpcError};
-use crate::store::{
-    ProgressEvent, ResultKind, TaskEvent, TaskMessage, TaskOutcome, TaskRow, TaskStatus,
-};
-use crate::tools::ToolOutcome;
+use super::outcome::TaskResult;
+use crate::store::{ProgressEvent, TaskEvent, TaskMessage, TaskRow, TaskStatus};
 
 /// A task as the rules see it.
 #[derive(Debug, Clone, PartialEq)]
@@ -29,6 +26,8 @@ pub struct Task {
     pub poll_interval_ms: Option<i64>,
     /// The caller's progressToken, kept for the task's life (T-32).
     pub progress_token: Option<Value>,
+    /// It failed with a result its tool flagged as an error.
+    pub tool_error: bool,
 }
 
 /// One look at a task: the row, its outcome, its open requests.
@@ -40,20 +39,6 @@ pub struct TaskDetail {
     pub outcome: TaskResult,
     /// Requests to the client it waits on (while input_required).
     pub pending: Vec<TaskMessage>,
-}
-
-/// What tasks/result finds.
-#[derive(Debug, Clone, PartialEq)]
-pub enum TaskResult {
-    /// Terminal with the underlying request's result object.
-    Result(Value),
-    /// Terminal with the underlying request's JSON-RPC error object, exactly
-    /// as stored (T-15).
-    Error(Value),
-    /// Cancelled: there is no result.
-    Cancelled,
-    /// Not terminal yet.
-    Pending,
 }
 
 /// What a client waiting on tasks/result is told meanwhile.
@@ -84,6 +69,7 @@ pub(super) fn task_from_row(row: &TaskRow) -> Task {
             .progress_token
             .as_deref()
             .and_then(|t| serde_json::from_str(t).ok()),
+        tool_error: row.tool_error,
     }
 }
 
@@ -99,86 +85,6 @@ pub fn task_at_event(event: &TaskEvent) -> Task {
         ttl_ms: event.ttl_ms,
         poll_interval_ms: event.poll_interval_ms,
         progress_token: None,
-    }
-}
-
-/// The terminal status and stored form of a tool outcome (T-12: `isError`
-/// and JSON-RPC errors both make a task `failed`, with a statusMessage).
-pub fn outcome_to_record(outcome: &ToolOutcome) -> TaskOutcome {
-    match outcome {
-        ToolOutcome::Result(result) => {
-            let is_error = result.get("isError").and_then(Value::as_bool) == Some(true);
-            let status_message = is_error.then(|| {
-                let text = result
-                    .get("content")
-                    .and_then(Value::as_array)
-                    .and_then(|c| c.iter().find_map(|b| b.get("text").and_then(Value::as_str)))
-                    .unwrap_or("the tool reported an error");
-                format!("Tool execution failed: {}", truncate(text, 500))
-            });
-            TaskOutcome {
-                status: if is_error {
-                    TaskStatus::Failed
-                } else {
-                    TaskStatus::Completed
-                },
-                status_message,
-                result: result.to_string(),
-                result_kind: ResultKind::Result,
-            }
-        }
-        ToolOutcome::Error(error) => TaskOutcome {
-            status: TaskStatus::Failed,
-            status_message: Some(format!(
-                "Tool execution failed: {}",
-                truncate(&error.message, 500)
-            )),
-            result: error.to_json().to_string(),
-            result_kind: ResultKind::Error,
-        },
-    }
-}
-
-fn truncate(text: &str, max: usize) -> String {
-    if text.chars().count() <= max {
-        text.to_owned()
-    } else {
-        let cut: String = text.chars().take(max).collect();
-        format!("{cut}...")
-    }
-}
-
-/// The outcome a stored row holds, as tasks/result serves it.
-pub(super) fn result_of(row: &TaskRow) -> TaskResult {
-    let status = row.status;
-    if !status.is_terminal() {
-        return TaskResult::Pending;
-    }
-    if status == TaskStatus::Cancelled {
-        return TaskResult::Cancelled;
-    }
-    let parsed = row
-        .result
-        .as_deref()
-        .and_then(|r| serde_json::from_str::<Value>(r).ok());
-    match (row.result_kind, parsed) {
-        (Some(ResultKind::Result), Some(value)) => TaskResult::Result(value),
-        (Some(ResultKind::Error), Some(value)) => TaskResult::Error(value),
-        // A terminal task without a stored outcome: say so plainly.
-        _ => TaskResult::Error(
-            RpcError::new(
-                ErrorCode::InternalError,
-                format!(
-                    "Task {} ended '{}' without a stored result{}",
-                    row.task_id,
-                    row.status,
-                    row.status_message
-                        .as_deref()
-                        .map(|m| format!(": {m}"))
-                        .unwrap_or_default()
-                ),
-            )
-            .to_json(),
-        ),
+        tool_error: event.tool_error,
     }
 }

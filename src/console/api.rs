@@ -350,7 +350,7 @@ fn history_json(h: &TaskHistory) -> Value {
     // whose arguments were refused (they do not match the tool's
     // inputSchema) is stored terminal without one. Its result is a tool
     // error, like a failure the tool reported, but the tool never ran.
-    let arguments_refused = h.job.is_none() && t.status == TaskStatus::Failed;
+    let arguments_refused = h.job.is_none() && t.tool_error;
     let task = json!({
         "seq": t.seq,
         "taskId": t.task_id,
@@ -369,6 +369,7 @@ fn history_json(h: &TaskHistory) -> Value {
             ResultKind::Error => "error",
         }),
         "result": t.result.as_deref().map(json_text),
+        "toolError": t.tool_error,
         "argumentsRefused": arguments_refused,
     });
     let job = h.job.as_ref().map(|j| {

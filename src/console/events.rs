@@ -162,6 +162,7 @@ mod tests {
             created_at: 0,
             ttl_ms: None,
             poll_interval_ms: None,
+            tool_error: false,
         })
     }
 

@@ -29,6 +29,22 @@ pub enum ErrorCode {
 }
 
 impl ErrorCode {
+    /// The code a number names.
+    pub fn from_code(code: i64) -> Self {
+        match code {
+            -32700 => Self::ParseError,
+            -32600 => Self::InvalidRequest,
+            -32601 => Self::MethodNotFound,
+            -32602 => Self::InvalidParams,
+            -32603 => Self::InternalError,
+            -32800 => Self::RequestCancelled,
+            -32020 => Self::HeaderMismatch,
+            -32021 => Self::MissingCapability,
+            -32022 => Self::UnsupportedVersion,
+            other => Self::Other(other),
+        }
+    }
+
     /// The numeric code.
     pub fn code(self) -> i64 {
         match self {
@@ -80,18 +96,7 @@ impl RpcError {
     /// The error a JSON-RPC error object describes (e.g. a client's answer).
     pub fn from_json(error: &Value) -> Self {
         let code = error.get("code").and_then(Value::as_i64).unwrap_or(-32603);
-        let code = match code {
-            -32700 => ErrorCode::ParseError,
-            -32600 => ErrorCode::InvalidRequest,
-            -32601 => ErrorCode::MethodNotFound,
-            -32602 => ErrorCode::InvalidParams,
-            -32603 => ErrorCode::InternalError,
-            -32800 => ErrorCode::RequestCancelled,
-            -32020 => ErrorCode::HeaderMismatch,
-            -32021 => ErrorCode::MissingCapability,
-            -32022 => ErrorCode::UnsupportedVersion,
-            other => ErrorCode::Other(other),
-        };
+        let code = ErrorCode::from_code(code);
         Self {
             code,
             message: error

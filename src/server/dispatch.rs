@@ -16,9 +16,10 @@ use crate::mcp::{
     parse_params,
 };
 use crate::server::refusals::RpcRefusal;
+use crate::store::TaskMessage;
 use crate::tools::{LogLevel, ToolOutcome};
 
-/// The `Task` wire object.
+/// The `Task` wire object (2025-11-25).
 pub fn task_json(task: &Task) -> Value {
     serde_json::to_value(mcp::Task {
         task_id: task.task_id.clone(),
@@ -208,7 +209,7 @@ async fn tasks_get(state: &AppState, session: &Arc<Session>, params: Option<&Val
 /// on success (T-16). Errors are returned exactly as stored (T-15).
 fn result_reply(task_id: &str, result: TaskResult) -> Result<Value, Value> {
     match result {
-        TaskResult::Result(mut value) => {
+        TaskResult::Result { mut value, .. } => {
             if let Value::Object(obj) = &mut value {
                 let meta = obj.entry("_meta").or_insert_with(|| json!({}));
                 if let Value::Object(meta) = meta {
@@ -217,7 +218,7 @@ fn result_reply(task_id: &str, result: TaskResult) -> Result<Value, Value> {
             }
             Ok(value)
         }
-        TaskResult::Error(error) => Err(error),
+        TaskResult::Error(error) => Err(error.to_rpc().to_json()),
         TaskResult::Cancelled => Err(RpcError {
             code: ErrorCode::RequestCancelled,
             message: format!("Task {task_id} was cancelled; it has no result"),
@@ -325,12 +326,7 @@ fn wait_message(event: WaitEvent, token: Option<&Value>) -> Option<Value> {
             "notifications/tasks/status",
             task_json(&task),
         )),
-        WaitEvent::Ask(m) => {
-            let params: Value = serde_json::from_str(&m.params).unwrap_or_else(|_| json!({}));
-            Some(
-                json!({ "jsonrpc": "2.0", "id": m.request_id, "method": m.method, "params": params }),
-            )
-        }
+        WaitEvent::Ask(m) => Some(task_request(&m)),
     }
 }
 
@@ -380,4 +376,20 @@ async fn tasks_cancel(state: &AppState, session: &Arc<Session>, params: Option<&
             Reply::err(e.to_rpc("cancel"))
         }
     }
+}
+
+/// A task's request to its client as a 2025-11-25 JSON-RPC request: the
+/// params as the tool gave them, with the related-task `_meta` (T-25).
+pub fn task_request(m: &TaskMessage) -> Value {
+    let mut params: Value = serde_json::from_str(&m.params).unwrap_or_else(|_| json!({}));
+    if let Value::Object(obj) = &mut params {
+        let meta = obj.entry("_meta").or_insert_with(|| json!({}));
+        if let Value::Object(meta) = meta {
+            meta.insert(
+                mcp::RELATED_TASK_META.into(),
+                json!({ "taskId": m.task_id }),
+            );
+        }
+    }
+    json!({ "jsonrpc": "2.0", "id": m.request_id, "method": m.method, "params": params })
 }

@@ -20,6 +20,7 @@ use super::sessions::Session;
 use super::sse::accepts;
 use super::streams::Attach;
 use super::{AppState, sse};
+use crate::broker::{ClientAnswer, ErrorRecord};
 use crate::mcp::{
     self, InitializeParams, RequestId, RpcError, SESSION_HEADER, VERSION_HEADER, error_response,
     parse_params, success_response,
@@ -126,7 +127,7 @@ pub(super) async fn client_response(
         Some(request_id) => {
             state
                 .broker
-                .answer_task_request(&session.owner(), request_id, &body)
+                .answer_task_request(&session.owner(), request_id, &client_answer(&body))
                 .await
         }
         None => Ok(false),
@@ -484,5 +485,17 @@ pub(super) async fn delete(
             tracing::error!(error = %e, "session end failed");
             http_error(StatusCode::INTERNAL_SERVER_ERROR, -32603, "Internal error")
         }
+    }
+}
+
+/// What a JSON-RPC response answers, without its envelope (a response with
+/// neither a result nor an error answers with that complaint).
+fn client_answer(response: &Value) -> ClientAnswer {
+    match (response.get("result"), response.get("error")) {
+        (Some(result), _) => ClientAnswer::Result(result.clone()),
+        (None, Some(error)) => ClientAnswer::Error(ErrorRecord::from(&RpcError::from_json(error))),
+        (None, None) => ClientAnswer::Error(ErrorRecord::from(&RpcError::invalid_request(
+            "the client's answer has no result or error",
+        ))),
     }
 }

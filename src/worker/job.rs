@@ -11,7 +11,7 @@ use tokio_util::sync::CancellationToken;
 
 use super::{WorkerPool, millis};
 use crate::broker::slots::Slot;
-use crate::broker::{FeedEvent, outcome_to_record};
+use crate::broker::{ClientAnswer, FeedEvent, outcome_to_record};
 use crate::clock::now_ms;
 use crate::mcp::RpcError;
 use crate::store::{ClaimedJob, StoreError, TaskMessage, TaskStatus};
@@ -192,14 +192,15 @@ impl WorkerPool {
         }
     }
 
-    /// Store a request of the tool to the client: the task moves to
-    /// input_required (T-24) and the server delivers the request with the
-    /// related-task _meta (T-25). Returns the request id to wait on.
+    /// Store a request of the tool to the client, as the tool gave it: the
+    /// task moves to input_required (T-24) and each front end delivers it
+    /// its own way (2025-11-25 with the related-task _meta, T-25). Returns
+    /// the request id to wait on.
     async fn ask_client(
         &self,
         job: &ClaimedJob,
         method: &str,
-        mut params: Value,
+        params: Value,
     ) -> Result<String, RpcError> {
         let caps = self
             .store
@@ -213,15 +214,6 @@ impl WorkerPool {
                 crate::mcp::ErrorCode::MethodNotFound,
                 format!("the client did not declare the capability for {method}"),
             ));
-        }
-        if let Value::Object(obj) = &mut params {
-            let meta = obj.entry("_meta").or_insert_with(|| serde_json::json!({}));
-            if let Value::Object(meta) = meta {
-                meta.insert(
-                    crate::mcp::RELATED_TASK_META.into(),
-                    serde_json::json!({ "taskId": job.task_id }),
-                );
-            }
         }
         let message = TaskMessage {
             request_id: format!("tb-{}", uuid::Uuid::new_v4().simple()),
@@ -271,11 +263,10 @@ impl WorkerPool {
                 waiting.push((request_id, reply));
                 continue;
             };
-            let message: Value = serde_json::from_str(&response).unwrap_or(Value::Null);
-            let result = match (message.get("result"), message.get("error")) {
-                (Some(r), _) => Ok(r.clone()),
-                (None, Some(e)) => Err(RpcError::from_json(e)),
-                (None, None) => Err(RpcError::invalid_request(
+            let result = match ClientAnswer::from_stored(&response) {
+                Some(ClientAnswer::Result(r)) => Ok(r),
+                Some(ClientAnswer::Error(e)) => Err(e.to_rpc()),
+                None => Err(RpcError::invalid_request(
                     "the client's answer has no result or error",
                 )),
             };

@@ -242,7 +242,7 @@ async fn create_many(
                        session_id text, client_capabilities text)
            RETURNING seq, task_id, owner, tool, arguments, status, status_message, created_at,
                      updated_at, ttl_ms, expires_at, poll_interval_ms, progress_token, result,
-                     result_kind"#,
+                     result_kind, tool_error"#,
         now,
         Value::Array(tasks)
     )
@@ -328,6 +328,7 @@ async fn complete_many(
                 "message": o.status_message,
                 "result": o.result,
                 "kind": o.result_kind.as_str(),
+                "tool_error": o.tool_error,
             })
         })
         .collect();
@@ -337,9 +338,11 @@ async fn complete_many(
     }
     let updated = sqlx::query_scalar!(
         "UPDATE tasks SET status = c.status, status_message = c.message, result = c.result,
-                result_kind = c.kind, updated_at = GREATEST(tasks.updated_at, $1)
+                result_kind = c.kind, tool_error = c.tool_error,
+                updated_at = GREATEST(tasks.updated_at, $1)
            FROM jsonb_to_recordset($2::jsonb)
-                AS c(seq bigint, status text, message text, result text, kind text)
+                AS c(seq bigint, status text, message text, result text, kind text,
+                     tool_error boolean)
           WHERE tasks.seq = c.seq AND tasks.status IN ('working', 'input_required')
          RETURNING tasks.seq",
         now,

@@ -197,12 +197,13 @@ impl JobStore for PostgresStore {
             tx.rollback().await?;
             return Ok(RescueReport::default());
         }
-        // The error object reads as SQLite's json_object() gives it.
+        // The error record reads as SQLite's json_object() gives it, and
+        // has no code: the broker itself failed the task.
         let failed = sqlx::query_scalar!(
             r#"UPDATE tasks
                   SET status = 'failed',
                       status_message = 'worker lost ' || j.attempt || ' time(s): lease expired with no attempts left',
-                      result = '{"code":-32603,"message":'
+                      result = '{"message":'
                                || to_json('Task failed: worker lost ' || j.attempt || ' time(s) (lease expired)')::text
                                || '}',
                       result_kind = 'error',
@@ -277,12 +278,13 @@ pub(super) async fn complete_in(
     }
     let updated = sqlx::query!(
         "UPDATE tasks SET status = $1, status_message = $2, result = $3, result_kind = $4,
-                updated_at = GREATEST(updated_at, $5)
-          WHERE seq = $6 AND status IN ('working', 'input_required')",
+                tool_error = $5, updated_at = GREATEST(updated_at, $6)
+          WHERE seq = $7 AND status IN ('working', 'input_required')",
         outcome.status.as_str(),
         outcome.status_message,
         outcome.result,
         outcome.result_kind.as_str(),
+        outcome.tool_error,
         now,
         task_seq
     )

@@ -48,7 +48,8 @@ impl TaskStore for PostgresStore {
             r#"SELECT seq AS "seq!", task_id AS "task_id!", owner AS "owner!", tool AS "tool!",
                       arguments AS "arguments!", status AS "status!", status_message,
                       created_at AS "created_at!", updated_at AS "updated_at!", ttl_ms, expires_at,
-                      poll_interval_ms, progress_token, result, result_kind
+                      poll_interval_ms, progress_token, result, result_kind,
+                      tool_error AS "tool_error!"
                  FROM tasks_as_served
                 WHERE owner = $1 AND seq < $2 AND (expires_at IS NULL OR expires_at > $3)
                 ORDER BY seq DESC
@@ -230,7 +231,7 @@ impl TaskStore for PostgresStore {
         let rows = sqlx::query_as!(
             TaskEventText,
             r#"SELECT e.id, e.task_id, e.from_status, e.to_status, t.owner, e.message, e.at,
-                      t.created_at, t.ttl_ms, t.poll_interval_ms
+                      t.created_at, t.ttl_ms, t.poll_interval_ms, t.tool_error
                  FROM task_events e JOIN tasks t ON t.seq = e.task_seq
                 WHERE t.owner = $1 AND e.id > $2 ORDER BY e.id LIMIT $3"#,
             owner,
@@ -301,7 +302,7 @@ impl PostgresStore {
         let rows = sqlx::query_as!(
             TaskEventText,
             r#"SELECT e.id, e.task_id, e.from_status, e.to_status, t.owner, e.message, e.at,
-                      t.created_at, t.ttl_ms, t.poll_interval_ms
+                      t.created_at, t.ttl_ms, t.poll_interval_ms, t.tool_error
                  FROM task_events e JOIN tasks t ON t.seq = e.task_seq
                 WHERE e.id > $1 ORDER BY e.id LIMIT $2"#,
             after_id,
@@ -358,12 +359,14 @@ pub(super) async fn create_in(
     }
     if let Some(outcome) = outcome {
         sqlx::query!(
-            "UPDATE tasks SET status = $1, status_message = $2, result = $3, result_kind = $4, updated_at = $5
-              WHERE seq = $6",
+            "UPDATE tasks SET status = $1, status_message = $2, result = $3, result_kind = $4,
+                              tool_error = $5, updated_at = $6
+              WHERE seq = $7",
             outcome.status.as_str(),
             outcome.status_message,
             outcome.result,
             outcome.result_kind.as_str(),
+            outcome.tool_error,
             now,
             seq
         )
@@ -390,7 +393,7 @@ async fn stored_task(conn: &mut PgConnection, seq: i64) -> Result<TaskRow, Store
         TaskText,
         "SELECT seq, task_id, owner, tool, arguments, status, status_message,
                 created_at, updated_at, ttl_ms, expires_at, poll_interval_ms,
-                progress_token, result, result_kind
+                progress_token, result, result_kind, tool_error
            FROM tasks WHERE seq = $1",
         seq
     )
@@ -406,7 +409,8 @@ pub(super) async fn task_by_seq(conn: &mut PgConnection, seq: i64) -> Result<Tas
         r#"SELECT seq AS "seq!", task_id AS "task_id!", owner AS "owner!", tool AS "tool!",
                   arguments AS "arguments!", status AS "status!", status_message,
                   created_at AS "created_at!", updated_at AS "updated_at!", ttl_ms, expires_at,
-                  poll_interval_ms, progress_token, result, result_kind
+                  poll_interval_ms, progress_token, result, result_kind,
+                      tool_error AS "tool_error!"
              FROM tasks_as_served WHERE seq = $1"#,
         seq
     )
@@ -426,7 +430,8 @@ pub(crate) async fn task_by_id(
         r#"SELECT seq AS "seq!", task_id AS "task_id!", owner AS "owner!", tool AS "tool!",
                       arguments AS "arguments!", status AS "status!", status_message,
                       created_at AS "created_at!", updated_at AS "updated_at!", ttl_ms, expires_at,
-                      poll_interval_ms, progress_token, result, result_kind
+                      poll_interval_ms, progress_token, result, result_kind,
+                      tool_error AS "tool_error!"
                  FROM tasks_as_served WHERE task_id = $1"#,
         task_id
     )

@@ -134,6 +134,7 @@ fn done(text: &str) -> TaskOutcome {
         status_message: None,
         result: format!(r#"{{"content":[{{"type":"text","text":"{text}"}}]}}"#),
         result_kind: ResultKind::Result,
+        tool_error: false,
     }
 }
 
@@ -423,6 +424,7 @@ async fn write_batch_with_a_refused_write() {
                         status_message: Some("invalid arguments".into()),
                         result: r#"{"code":-32602,"message":"no"}"#.into(),
                         result_kind: ResultKind::Error,
+                        tool_error: false,
                     }),
                 },
             ],
@@ -605,7 +607,7 @@ async fn rescue_requeues_then_fails() {
     );
     assert_eq!(
         task.result.as_deref(),
-        Some(r#"{"code":-32603,"message":"Task failed: worker lost 2 time(s) (lease expired)"}"#)
+        Some(r#"{"message":"Task failed: worker lost 2 time(s) (lease expired)"}"#)
     );
     assert_eq!(task.result_kind, Some(ResultKind::Error));
     assert_eq!(

@@ -238,7 +238,8 @@ async fn create_many(
                      status_message AS "status_message?", created_at AS "created_at!",
                      updated_at AS "updated_at!", ttl_ms AS "ttl_ms?", expires_at AS "expires_at?",
                      poll_interval_ms AS "poll_interval_ms?", progress_token AS "progress_token?",
-                     result AS "result?", result_kind AS "result_kind?""#,
+                     result AS "result?", result_kind AS "result_kind?",
+                     tool_error AS "tool_error!: bool""#,
         now,
         tasks
     )
@@ -322,6 +323,7 @@ async fn complete_many(
                 "message": o.status_message,
                 "result": o.result,
                 "kind": o.result_kind.as_str(),
+                "tool_error": o.tool_error,
             })
         })
         .collect();
@@ -332,10 +334,11 @@ async fn complete_many(
     let outcomes = Value::Array(outcomes).to_string();
     let updated = sqlx::query_scalar!(
         r#"UPDATE tasks SET status = c.status, status_message = c.message, result = c.result,
-                  result_kind = c.kind, updated_at = MAX(updated_at, ?1)
+                  result_kind = c.kind, tool_error = c.tool_error,
+                  updated_at = MAX(updated_at, ?1)
              FROM (SELECT value ->> 'seq' AS seq, value ->> 'status' AS status,
                           value ->> 'message' AS message, value ->> 'result' AS result,
-                          value ->> 'kind' AS kind
+                          value ->> 'kind' AS kind, value ->> 'tool_error' AS tool_error
                      FROM json_each(?2)) AS c
             WHERE tasks.seq = c.seq AND tasks.status IN ('working', 'input_required')
            RETURNING seq AS "seq!""#,

@@ -172,8 +172,7 @@ impl JobStore for SqliteStore {
             r#"UPDATE tasks
                   SET status = 'failed',
                       status_message = 'worker lost ' || j.attempt || ' time(s): lease expired with no attempts left',
-                      result = json_object('code', -32603,
-                                           'message', 'Task failed: worker lost ' || j.attempt || ' time(s) (lease expired)'),
+                      result = json_object('message', 'Task failed: worker lost ' || j.attempt || ' time(s) (lease expired)'),
                       result_kind = 'error',
                       updated_at = MAX(tasks.updated_at, ?)
                  FROM jobs j
@@ -242,12 +241,13 @@ pub(super) async fn complete_in(
     }
     let updated = sqlx::query!(
         "UPDATE tasks SET status = ?, status_message = ?, result = ?, result_kind = ?,
-                updated_at = MAX(updated_at, ?)
+                tool_error = ?, updated_at = MAX(updated_at, ?)
           WHERE seq = ? AND status IN ('working', 'input_required')",
         outcome.status.as_str(),
         outcome.status_message,
         outcome.result,
         outcome.result_kind.as_str(),
+        outcome.tool_error,
         now,
         task_seq
     )

@@ -47,7 +47,7 @@ impl TaskStore for SqliteStore {
             TaskText,
             r#"SELECT seq AS "seq!", task_id, owner, tool, arguments, status, status_message,
                       created_at, updated_at, ttl_ms, expires_at, poll_interval_ms,
-                      progress_token, result, result_kind
+                      progress_token, result, result_kind, tool_error AS "tool_error!: bool"
                  FROM tasks_as_served
                 WHERE owner = ? AND seq < ? AND (expires_at IS NULL OR expires_at > ?)
                 ORDER BY seq DESC
@@ -222,7 +222,7 @@ impl TaskStore for SqliteStore {
         let rows = sqlx::query_as!(
             TaskEventText,
             r#"SELECT e.id AS "id!", e.task_id, e.from_status, e.to_status, t.owner, e.message, e.at,
-                      t.created_at, t.ttl_ms, t.poll_interval_ms
+                      t.created_at, t.ttl_ms, t.poll_interval_ms, t.tool_error AS "tool_error!: bool"
                  FROM task_events e JOIN tasks t ON t.seq = e.task_seq
                 WHERE t.owner = ? AND e.id > ? ORDER BY e.id LIMIT ?"#,
             owner,
@@ -296,7 +296,7 @@ impl SqliteStore {
         let rows = sqlx::query_as!(
             TaskEventText,
             r#"SELECT e.id AS "id!", e.task_id, e.from_status, e.to_status, t.owner, e.message, e.at,
-                      t.created_at, t.ttl_ms, t.poll_interval_ms
+                      t.created_at, t.ttl_ms, t.poll_interval_ms, t.tool_error AS "tool_error!: bool"
                  FROM task_events e JOIN tasks t ON t.seq = e.task_seq
                 WHERE e.id > ? ORDER BY e.id LIMIT ?"#,
             after_id,
@@ -352,12 +352,14 @@ pub(super) async fn create_in(
     }
     if let Some(outcome) = outcome {
         sqlx::query!(
-            "UPDATE tasks SET status = ?, status_message = ?, result = ?, result_kind = ?, updated_at = ?
+            "UPDATE tasks SET status = ?, status_message = ?, result = ?, result_kind = ?,
+                              tool_error = ?, updated_at = ?
               WHERE seq = ?",
             outcome.status.as_str(),
             outcome.status_message,
             outcome.result,
             outcome.result_kind.as_str(),
+            outcome.tool_error,
             now,
             seq
         )
@@ -392,7 +394,7 @@ pub(super) async fn task_by_seq(
         TaskText,
         r#"SELECT seq AS "seq!", task_id, owner, tool, arguments, status, status_message,
                   created_at, updated_at, ttl_ms, expires_at, poll_interval_ms,
-                  progress_token, result, result_kind
+                  progress_token, result, result_kind, tool_error AS "tool_error!: bool"
              FROM tasks_as_served WHERE seq = ?"#,
         seq
     )
@@ -411,7 +413,7 @@ pub(crate) async fn task_by_id(
         TaskText,
         r#"SELECT seq AS "seq!", task_id, owner, tool, arguments, status, status_message,
                       created_at, updated_at, ttl_ms, expires_at, poll_interval_ms,
-                      progress_token, result, result_kind
+                      progress_token, result, result_kind, tool_error AS "tool_error!: bool"
                  FROM tasks_as_served WHERE task_id = ?"#,
         task_id
     )

@@ -5,13 +5,19 @@ use crate::TaskStatus;
 use std::fmt;
 use std::str::FromStr;
 
-/// What a stored outcome is: the JSON-RPC `result` of the tool call, or
-/// a JSON-RPC `error` object.
+/// What a terminal task's stored outcome is, in no protocol's terms: each
+/// front end maps it to its own wire shape (status, error object, `_meta`).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 pub enum ResultKind {
-    /// A `CallToolResult` (possibly with `isError: true`).
+    /// The tool returned: the stored text is its result as the tool gave
+    /// it (a `CallToolResult`, the same object in every protocol
+    /// generation). [`TaskRow::tool_error`] says whether the tool flagged
+    /// it as an error (`isError`; the task then failed).
     Result,
-    /// A JSON-RPC error object.
+    /// The call ended without a result: the stored text is an error record
+    /// `{"code"?, "message", "data"?}`. `code` is the numeric code a tool or
+    /// upstream server gave; a failure of the broker itself (a worker lost
+    /// too often) has none.
     Error,
 }
 
@@ -109,10 +115,13 @@ pub struct TaskRow {
     pub poll_interval_ms: Option<i64>,
     /// The caller's progressToken (JSON text), kept for the task's life.
     pub progress_token: Option<String>,
-    /// JSON-RPC result or error object (JSON text) once terminal.
+    /// The outcome (JSON text, see [`ResultKind`]) once terminal.
     pub result: Option<String>,
-    /// A JSON-RPC result or a JSON-RPC error, once terminal.
+    /// What `result` holds, once terminal.
     pub result_kind: Option<ResultKind>,
+    /// The task failed because its tool returned a result flagged as an
+    /// error (`isError`), stored as the tool gave it.
+    pub tool_error: bool,
 }
 
 /// What a new task row holds.
@@ -151,14 +160,18 @@ pub struct NewJob {
 /// A terminal outcome to record on a task.
 #[derive(Debug, Clone)]
 pub struct TaskOutcome {
-    /// `Completed` or `Failed`.
+    /// `Completed`, or `Failed` (an error, or a result the tool flagged as
+    /// an error).
     pub status: TaskStatus,
-    /// Explanation (failures).
+    /// Explanation (failures and tool errors).
     pub status_message: Option<String>,
-    /// JSON text of the result or error object.
+    /// JSON text of the outcome (see [`ResultKind`]).
     pub result: String,
-    /// A JSON-RPC result or a JSON-RPC error.
+    /// What `result` holds.
     pub result_kind: ResultKind,
+    /// The tool flagged its result as an error (only with `Failed` and a
+    /// `Result` kind).
+    pub tool_error: bool,
 }
 
 /// What `task_cancel` found.
@@ -202,6 +215,9 @@ pub struct TaskEvent {
     pub owner: String,
     /// The statusMessage that came with the change.
     pub message: Option<String>,
+    /// The task failed with a result its tool flagged as an error
+    /// (meaningful when `to_status` is `Failed`).
+    pub tool_error: bool,
     /// When it changed (the task's lastUpdatedAt then), ms.
     pub at: i64,
     /// The task's creation time, ms.
@@ -269,15 +285,17 @@ pub struct RescueReport {
 /// A request of a task to its client.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct TaskMessage {
-    /// The JSON-RPC id sent to the client.
+    /// The request's id (the key a client answers it by).
     pub request_id: String,
     /// The task.
     pub task_id: String,
     /// `elicitation/create` or `sampling/createMessage`.
     pub method: String,
-    /// Params (JSON text).
+    /// Params (JSON text) as the tool gave them: no protocol's `_meta`
+    /// (each front end adds its own when it delivers the request).
     pub params: String,
-    /// The client's response message (JSON text), once answered.
+    /// The client's answer (JSON text), once answered: `{"result": ...}` or
+    /// `{"error": {"code"?, "message", "data"?}}`.
     pub response: Option<String>,
 }
 

@@ -29,6 +29,7 @@ pub struct TaskText {
     pub progress_token: Option<String>,
     pub result: Option<String>,
     pub result_kind: Option<String>,
+    pub tool_error: bool,
 }
 
 impl TryFrom<TaskText> for TaskRow {
@@ -55,6 +56,7 @@ impl TryFrom<TaskText> for TaskRow {
             poll_interval_ms: t.poll_interval_ms,
             progress_token: t.progress_token,
             result: t.result,
+            tool_error: t.tool_error,
         })
     }
 }
@@ -73,6 +75,7 @@ pub struct TaskEventText {
     pub created_at: i64,
     pub ttl_ms: Option<i64>,
     pub poll_interval_ms: Option<i64>,
+    pub tool_error: bool,
 }
 
 impl TryFrom<TaskEventText> for TaskEvent {
@@ -93,6 +96,7 @@ impl TryFrom<TaskEventText> for TaskEvent {
             created_at: e.created_at,
             ttl_ms: e.ttl_ms,
             poll_interval_ms: e.poll_interval_ms,
+            tool_error: e.tool_error,
         })
     }
 }

@@ -4,9 +4,10 @@
 //! `tasks/update` answering those requests, and `tasks/cancel`'s plain
 //! acknowledgement.
 //!
-//! The stored outcome is kept as it happened; this front end maps it. A
-//! tool result with `isError` is `completed` here (it is `failed` to
-//! 2025-11-25 clients); a JSON-RPC error is `failed` with `error`.
+//! The stored outcome is what happened; this front end maps it. A task
+//! whose tool returned a result flagged as an error (`tool_error`) failed
+//! to the broker and to 2025-11-25 clients, and is `completed` with that
+//! result here (SEP-2663); an error record is `failed` with `error`.
 
 use serde_json::{Map, Value, json};
 
@@ -18,12 +19,18 @@ use crate::store::TaskMessage;
 
 /// The fields every task shape shares (`ttlMs`, `pollIntervalMs`: the
 /// 2026-07-28 names).
-fn task_fields(task: &Task, status: TaskStatus) -> Map<String, Value> {
+fn task_fields(task: &Task) -> Map<String, Value> {
     let mut obj = Map::new();
     obj.insert("taskId".into(), json!(task.task_id));
-    obj.insert("status".into(), json!(status.as_str()));
-    if let Some(message) = &task.status_message {
-        obj.insert("statusMessage".into(), json!(message));
+    if task.tool_error {
+        // A tool that reported an error still completed (SEP-2663): the
+        // result says what went wrong, not a statusMessage.
+        obj.insert("status".into(), json!(TaskStatus::Completed.as_str()));
+    } else {
+        obj.insert("status".into(), json!(task.status.as_str()));
+        if let Some(message) = &task.status_message {
+            obj.insert("statusMessage".into(), json!(message));
+        }
     }
     obj.insert("createdAt".into(), json!(mcp::format_time(task.created_at)));
     obj.insert(
@@ -39,34 +46,26 @@ fn task_fields(task: &Task, status: TaskStatus) -> Map<String, Value> {
 
 /// The CreateTaskResult a task-creating `tools/call` answers with.
 pub fn create_result(task: &Task) -> Value {
-    modern::with_result_type(Value::Object(task_fields(task, task.status)), "task")
+    modern::with_result_type(Value::Object(task_fields(task)), "task")
 }
 
 /// The DetailedTask of `tasks/get` and `notifications/tasks`.
 pub fn detailed(detail: &TaskDetail) -> Value {
     let task = &detail.task;
-    let mut status = task.status;
     let mut inline = Map::new();
     match &detail.outcome {
-        TaskResult::Result(result) => {
-            // A tool that reported an error still completed (SEP-2663).
-            status = TaskStatus::Completed;
-            inline.insert("result".into(), inline_result(result));
+        TaskResult::Result { value, .. } => {
+            inline.insert("result".into(), inline_result(value));
         }
         TaskResult::Error(error) => {
-            inline.insert("error".into(), error.clone());
+            inline.insert("error".into(), error.to_rpc().to_json());
         }
         TaskResult::Cancelled | TaskResult::Pending => {}
     }
     if task.status == TaskStatus::InputRequired {
         inline.insert("inputRequests".into(), input_requests(&detail.pending));
     }
-    let mut obj = task_fields(task, status);
-    if status == TaskStatus::Completed && task.status != TaskStatus::Completed {
-        // The 2025-11-25 message says "Tool execution failed"; here the
-        // task completed and the result says what went wrong.
-        obj.remove("statusMessage");
-    }
+    let mut obj = task_fields(task);
     obj.extend(inline);
     modern::complete(Value::Object(obj))
 }
@@ -83,20 +82,12 @@ fn inline_result(result: &Value) -> Value {
     result
 }
 
-/// Open requests by key (the request id): `{method, params}`, without the
-/// related-task `_meta` that 2025-11-25 deliveries carry.
+/// Open requests by key (the request id): `{method, params}`, the params
+/// as the tool gave them.
 fn input_requests(pending: &[TaskMessage]) -> Value {
     let mut requests = Map::new();
     for m in pending {
-        let mut params: Value = serde_json::from_str(&m.params).unwrap_or_else(|_| json!({}));
-        if let Some(meta) = params.get_mut("_meta").and_then(Value::as_object_mut) {
-            meta.remove(mcp::RELATED_TASK_META);
-            if meta.is_empty()
-                && let Some(obj) = params.as_object_mut()
-            {
-                obj.remove("_meta");
-            }
-        }
+        let params: Value = serde_json::from_str(&m.params).unwrap_or_else(|_| json!({}));
         requests.insert(
             m.request_id.clone(),
             json!({ "method": m.method, "params": params }),
