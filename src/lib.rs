@@ -10,6 +10,8 @@
 //!
 //! # Layout
 //! Data flows top to bottom; each module has one job.
+//! - [`cli`]: the `taskbroker` command line: subcommands, the settings
+//!   flags, config file and defaults make, and the one-line failure.
 //! - [`app`]: assembles a broker process (store, feed, workers, HTTP) and
 //!   shuts it down.
 //! - [`server`]: the `/mcp` endpoint: HTTP, sessions, origin checks, SSE,
@@ -41,6 +43,7 @@
 
 pub mod app;
 pub mod broker;
+pub mod cli;
 pub mod client;
 pub mod clock;
 pub mod config;
