@@ -10,6 +10,7 @@ pub mod maintenance;
 mod open_tasks;
 mod owner;
 pub mod records;
+mod session_expiry;
 pub mod slots;
 mod task;
 
@@ -33,6 +34,7 @@ use open_tasks::OpenTasks;
 pub use crate::store::TaskStatus;
 pub use feed::{Feed, FeedEvent, TaskWatch};
 pub use owner::Owner;
+pub use session_expiry::SessionExpiry;
 pub use task::{Task, TaskDetail, TaskResult, WaitEvent, outcome_to_record, task_at_event};
 use task::{result_of, task_from_row};
 pub use writer::{HandedOff, Handoff, Writer};
@@ -215,9 +217,12 @@ impl Broker {
     pub async fn status_feed_head(&self) -> Result<i64, BrokerError> {
         Ok(self.store.task_events_head().await?)
     }
-    /// Sessions neither ended nor idle longer than `idle_ms`.
-    pub async fn live_sessions(&self, idle_ms: i64) -> Result<i64, BrokerError> {
-        Ok(self.store.session_count_live(idle_ms, now_ms()).await?)
+    /// Sessions neither ended nor idle by `expiry`.
+    pub async fn live_sessions(&self, expiry: SessionExpiry) -> Result<i64, BrokerError> {
+        Ok(self
+            .store
+            .session_count_live(expiry.idle_ms(), now_ms())
+            .await?)
     }
     /// The tool registry.
     pub fn tools(&self) -> &Arc<Registry> {
