@@ -89,7 +89,13 @@ pub async fn run(command: Command) -> anyhow::Result<ExitCode> {
             println!("{}: {applied} migration(s) applied", db.display());
         }
         Command::Call(args) => std::process::exit(client::call(args).await.into()),
-        Command::Tasks(args) => std::process::exit(client::tasks(args).await.into()),
+        // `tasks list --db` reads the database, like the operator commands.
+        Command::Tasks(args) => match &args.command {
+            client::TasksCommand::List { all, operator, .. } if operator.db.is_some() => {
+                return Ok(ops::tasks::list(operator, *all).await.into());
+            }
+            _ => std::process::exit(client::tasks(args).await.into()),
+        },
         Command::Token(cmd) => ops::token(cmd).await?,
         Command::Bench(args) => std::process::exit(client::bench(args).await.into()),
         Command::Stats(args) => return Ok(ops::stats(args).await.into()),
