@@ -27,8 +27,8 @@ pub struct Cli {
     pub command: Command,
 }
 
-#[derive(Debug, Subcommand)]
 /// The subcommands.
+#[derive(Debug, Subcommand)]
 pub enum Command {
     /// Run the MCP server (with embedded workers).
     Serve(ServeArgs),
