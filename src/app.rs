@@ -209,31 +209,13 @@ pub async fn serve(config: ServeConfig) -> anyhow::Result<()> {
         session_streams.clone(),
         core.shutdown.clone(),
     );
-    let state = AppState {
-        limiter: Arc::new(RequestLimits::new(
-            RateLimiter::new(config.server.rate_per_sec, config.server.rate_burst),
-            RateLimiter::new(
-                config.server.initialize_rate_per_sec,
-                config.server.initialize_burst,
-            ),
-        )),
-        open_streams,
-        audit: Arc::new(Audit::default()),
-        token_presence: Arc::default(),
-        session_streams,
-        broker: core.broker.clone(),
-        sessions: Arc::new(Sessions::new(
-            core.broker.sessions(),
-            config.server.session_idle,
-        )),
-        streams: Arc::new(Streams::new(
-            config.server.retry_ms,
-            config.server.keep_alive,
-        )),
-        client_requests: Arc::new(ClientRequests::default()),
-        config: Arc::new(config.server.clone()),
+    let state = app_state(
+        &config,
+        core.broker.clone(),
         local_addr,
-    };
+        open_streams,
+        session_streams,
+    );
     let console = crate::console::Console {
         app: state.clone(),
         store: store.clone(),
@@ -295,6 +277,83 @@ pub async fn serve(config: ServeConfig) -> anyhow::Result<()> {
     let _ = notifier.await;
     tracing::info!("broker stopped");
     Ok(())
+}
+
+/// The shared state of the HTTP front end of a broker on `config`
+/// answering as `local_addr`.
+fn app_state(
+    config: &ServeConfig,
+    broker: Broker,
+    local_addr: SocketAddr,
+    open_streams: Arc<StreamCounter>,
+    session_streams: Arc<SessionStreams>,
+) -> AppState {
+    AppState {
+        limiter: Arc::new(RequestLimits::new(
+            RateLimiter::new(config.server.rate_per_sec, config.server.rate_burst),
+            RateLimiter::new(
+                config.server.initialize_rate_per_sec,
+                config.server.initialize_burst,
+            ),
+        )),
+        open_streams,
+        audit: Arc::new(Audit::default()),
+        token_presence: Arc::default(),
+        session_streams,
+        broker: broker.clone(),
+        sessions: Arc::new(Sessions::new(broker.sessions(), config.server.session_idle)),
+        streams: Arc::new(Streams::new(
+            config.server.retry_ms,
+            config.server.keep_alive,
+        )),
+        client_requests: Arc::new(ClientRequests::default()),
+        config: Arc::new(config.server.clone()),
+        local_addr,
+    }
+}
+
+/// A broker's `/mcp` endpoint in this process, without a listener, a
+/// worker pool or signal handling: for callers that drive the router
+/// themselves (tower's `oneshot`, or an axum app of their own).
+pub struct McpEndpoint {
+    /// `/mcp` and `/healthz`, answering as if listening on the address
+    /// given to [`McpEndpoint::start`].
+    pub router: axum::Router,
+    core: Core,
+}
+
+impl McpEndpoint {
+    /// Open (and migrate) `config.db`, start the broker's change feed and
+    /// maintenance, and build the router; origin checks take `local_addr`
+    /// as the listening address. `config.listen` and `config.workers` are
+    /// not used: jobs wait for a `taskbroker worker` on the same database.
+    pub async fn start(config: ServeConfig, local_addr: SocketAddr) -> anyhow::Result<Self> {
+        let store = store::open_for_broker(&config.db, config.durability).await?;
+        let core = Core::start(
+            store,
+            config.tools.clone(),
+            config.broker.clone(),
+            config.lease,
+            Some(config.server.session_idle),
+        )
+        .await?;
+        let state = app_state(
+            &config,
+            core.broker.clone(),
+            local_addr,
+            Arc::new(StreamCounter::new(config.server.max_sse_streams)),
+            Arc::new(SessionStreams::default()),
+        );
+        Ok(Self {
+            router: crate::server::router(state),
+            core,
+        })
+    }
+
+    /// Stop the change feed and maintenance, and close the database.
+    pub async fn stop(self) {
+        self.core.stop().await;
+    }
 }
 
 /// The database of a worker process, once its schema is this build's: a

@@ -10,14 +10,21 @@
 //!
 //! # Layout
 //! Data flows top to bottom; each module has one job.
+//! - [`cli`]: the `taskbroker` command line: subcommands, the settings
+//!   flags, config file and defaults make, and the one-line failure.
 //! - [`app`]: assembles a broker process (store, feed, workers, HTTP) and
-//!   shuts it down.
-//! - [`server`]: the `/mcp` endpoint: HTTP, sessions, origin checks, SSE,
+//!   shuts it down; `app::McpEndpoint` is the `/mcp` router alone, in
+//!   process.
+//! - [`server`]: the `/mcp` endpoint: its checks as axum middleware
+//!   (origin, token, rate), the POST body as an extractor, sessions, SSE,
 //!   dispatch of methods; the 2025-11-25 front end at its top, the
 //!   2026-07-28 one in `server::modern`. No SQL.
-//! - [`mcp`]: the wire format (JSON-RPC framing, MCP shapes). No I/O.
+//! - [`mcp`]: the wire format (JSON-RPC framing, MCP shapes, log levels).
+//!   No I/O.
 //! - [`broker`]: the task rules (create, get, result, list, cancel, ttl,
-//!   cursors), the change feed, and the purge/rescue services. No HTTP, no SQL.
+//!   cursors, when a session expires), what a task's outcome and a client's
+//!   answer are in no protocol's terms, the change feed, and the
+//!   purge/rescue services. No HTTP, no SQL, no wire shape.
 //! - [`worker`]: the pool that claims jobs, heartbeats leases and records
 //!   outcomes with fenced writes.
 //! - [`tools`]: the `Tool` trait, the registry that validates arguments, and
@@ -37,10 +44,12 @@
 //! - [`ops`]: the operator commands (`taskbroker stats`, `workers`, `tasks
 //!   list --db`, `backup`), which read the database directly.
 //! - [`client`]: the command-line MCP client (`taskbroker call`, `taskbroker
-//!   tasks`) over Streamable HTTP. Talks to a broker only through `/mcp`.
+//!   tasks`) over Streamable HTTP, and the text tables all commands
+//!   print. Talks to a broker only through `/mcp`.
 
 pub mod app;
 pub mod broker;
+pub mod cli;
 pub mod client;
 pub mod clock;
 pub mod config;

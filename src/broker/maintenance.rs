@@ -97,7 +97,7 @@ pub async fn run(broker: Broker, config: MaintenanceConfig, shutdown: Cancellati
 
 /// End idle sessions that own no unexpired task, and delete ended ones.
 async fn sweep_sessions(broker: &Broker, idle: Duration, batch: i64) {
-    let idle_ms = i64::try_from(idle.as_millis()).unwrap_or(i64::MAX);
+    let idle_ms = super::SessionExpiry::new(idle).idle_ms();
     match broker
         .store()
         .session_expire_idle(idle_ms, now_ms(), batch)

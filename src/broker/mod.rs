@@ -11,6 +11,7 @@ mod open_tasks;
 mod outcome;
 mod owner;
 pub mod records;
+mod session_expiry;
 pub mod slots;
 mod task;
 
@@ -36,8 +37,9 @@ pub use feed::{Feed, FeedEvent, TaskWatch};
 use outcome::result_of;
 pub use outcome::{ClientAnswer, ErrorRecord, TaskResult, outcome_to_record};
 pub use owner::Owner;
-use task::task_from_row;
+pub use session_expiry::SessionExpiry;
 pub use task::{Task, TaskDetail, WaitEvent, task_at_event};
+use task::task_from_row;
 pub use writer::{HandedOff, Handoff, Writer};
 
 /// Limits and defaults of task handling.
@@ -218,9 +220,12 @@ impl Broker {
     pub async fn status_feed_head(&self) -> Result<i64, BrokerError> {
         Ok(self.store.task_events_head().await?)
     }
-    /// Sessions neither ended nor idle longer than `idle_ms`.
-    pub async fn live_sessions(&self, idle_ms: i64) -> Result<i64, BrokerError> {
-        Ok(self.store.session_count_live(idle_ms, now_ms()).await?)
+    /// Sessions neither ended nor idle by `expiry`.
+    pub async fn live_sessions(&self, expiry: SessionExpiry) -> Result<i64, BrokerError> {
+        Ok(self
+            .store
+            .session_count_live(expiry.idle_ms(), now_ms())
+            .await?)
     }
     /// The tool registry.
     pub fn tools(&self) -> &Arc<Registry> {

@@ -5,6 +5,7 @@ use reqwest::Url;
 use serde_json::{Map, Value};
 
 use super::DEFAULT_URL;
+use crate::store::TaskStatus;
 
 const SESSION_HELP: &str = "Without tokens, tasks belong to the MCP session that created them \
 (with tokens, to the token's principal). `taskbroker call` and `taskbroker tasks` share one \
@@ -127,7 +128,7 @@ pub enum TasksCommand {
         conn: Connection,
         /// Operators: read the database directly.
         #[command(flatten)]
-        operator: crate::ops::TaskListArgs,
+        operator: TaskListArgs,
     },
     /// Print a task (tasks/get) as JSON.
     #[command(after_help = SESSION_HELP)]
@@ -201,4 +202,40 @@ mod tests {
         assert!(parse_json_object("[1]").is_err());
         assert!(parse_json_object("{seconds: 1}").is_err());
     }
+}
+
+/// The operator flags of `taskbroker tasks list`: with `--db`, the list
+/// reads the database directly instead of asking a broker.
+#[derive(Debug, Clone, Default, Args)]
+pub struct TaskListArgs {
+    /// Operators: read this database directly (a SQLite file or a
+    /// postgres:// URL) and list every owner's tasks, instead of asking
+    /// a broker for one session's. Needs access to the database.
+    #[arg(long, value_name = "DB")]
+    pub db: Option<std::path::PathBuf>,
+    /// With --db: only tasks in this status (repeatable, or a comma list):
+    /// working, input_required, completed, failed, cancelled.
+    #[arg(long, value_name = "STATUS", value_delimiter = ',', requires = "db", value_parser = parse_status)]
+    pub status: Vec<TaskStatus>,
+    /// With --db: only tasks of this tool.
+    #[arg(long, value_name = "TOOL", requires = "db")]
+    pub tool: Option<String>,
+    /// With --db: only tasks of this owner (a principal, or a session id
+    /// without tokens).
+    #[arg(long, value_name = "OWNER", requires = "db")]
+    pub owner: Option<String>,
+    /// With --db: tasks per page [default: 50].
+    #[arg(long, value_name = "N", requires = "db", value_parser = clap::value_parser!(i64).range(1..=100_000))]
+    pub limit: Option<i64>,
+    /// With --db: the page after the one that printed this cursor (tasks
+    /// older than it).
+    #[arg(long, value_name = "CURSOR", requires = "db", conflicts_with = "all")]
+    pub before: Option<i64>,
+    /// With --db: print a JSON array of tasks instead of lines.
+    #[arg(long, requires = "db")]
+    pub json: bool,
+}
+
+fn parse_status(s: &str) -> Result<TaskStatus, String> {
+    s.trim().parse()
 }

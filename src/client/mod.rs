@@ -32,8 +32,9 @@ use serde_json::{Value, json};
 
 pub use bench::{BenchArgs, run as bench};
 pub use call::run as call;
-pub use cli::{CallArgs, Connection, Protocol, TasksArgs, TasksCommand};
+pub use cli::{CallArgs, Connection, Protocol, TaskListArgs, TasksArgs, TasksCommand};
 pub use error::{EXIT_FAILURE, EXIT_INTERRUPTED, EXIT_OK, EXIT_UNREACHABLE, EXIT_USAGE, McpError};
+pub use output::table;
 pub use tasks::run as tasks;
 
 use crate::mcp::{LATEST_PROTOCOL_VERSION, RpcError, SESSION_HEADER, VERSION_HEADER};

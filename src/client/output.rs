@@ -64,6 +64,41 @@ pub fn print_json(value: &Value) {
     let _ = std::io::stdout().flush();
 }
 
+/// Left-aligned text columns, right-aligned numbers: rows of cells, the
+/// first the header: `tasks list` and the operator commands print so.
+pub fn table(rows: &[Vec<String>], numeric: &[usize]) -> String {
+    let columns = rows.iter().map(Vec::len).max().unwrap_or(0);
+    let widths: Vec<usize> = (0..columns)
+        .map(|c| {
+            rows.iter()
+                .filter_map(|r| r.get(c))
+                .map(|s| s.chars().count())
+                .max()
+                .unwrap_or(0)
+        })
+        .collect();
+    let mut out = String::new();
+    for row in rows {
+        let mut line = String::new();
+        for (c, cell) in row.iter().enumerate() {
+            if c > 0 {
+                line.push_str("  ");
+            }
+            let pad = widths[c].saturating_sub(cell.chars().count());
+            if numeric.contains(&c) {
+                line.push_str(&" ".repeat(pad));
+                line.push_str(cell);
+            } else {
+                line.push_str(cell);
+                line.push_str(&" ".repeat(pad));
+            }
+        }
+        out.push_str(line.trim_end());
+        out.push('\n');
+    }
+    out
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -74,5 +109,18 @@ mod tests {
         assert!(is_error(&json!({ "isError": true, "content": [] })));
         assert!(!is_error(&json!({ "isError": false })));
         assert!(!is_error(&json!({ "content": [] })));
+    }
+
+    #[test]
+    fn tables_align_text_left_and_numbers_right() {
+        let rows = vec![
+            vec!["tool".to_owned(), "jobs".to_owned()],
+            vec!["sleep".to_owned(), "3".to_owned()],
+            vec!["x".to_owned(), "120".to_owned()],
+        ];
+        assert_eq!(
+            table(&rows, &[1]),
+            "tool   jobs\nsleep     3\nx       120\n"
+        );
     }
 }

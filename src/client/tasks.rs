@@ -4,7 +4,7 @@
 
 use serde_json::{Value, json};
 
-use super::output::{is_error, print_json};
+use super::output::{is_error, print_json, table};
 use super::session::{CliSession, Origin};
 use super::state::BrokerState;
 use super::{EXIT_FAILURE, EXIT_OK, EXIT_UNREACHABLE, McpError, Protocol, TasksArgs, TasksCommand};
@@ -17,11 +17,6 @@ pub async fn run(args: TasksArgs) -> u8 {
         | TasksCommand::Result { conn, .. }
         | TasksCommand::Cancel { conn, .. } => conn,
     };
-    if let TasksCommand::List { all, operator, .. } = &args.command
-        && operator.db.is_some()
-    {
-        return crate::ops::tasks::list(operator, *all).await;
-    }
     if args.protocol.protocol == Protocol::V2026 {
         return super::stateless::tasks(&args).await;
     }
@@ -78,7 +73,7 @@ async fn list(cli: &CliSession, all: bool) -> u8 {
         break;
     }
     if rows.len() > 1 {
-        print!("{}", crate::ops::table(&rows, &[]));
+        print!("{}", table(&rows, &[]));
     }
     if cursor.is_some() {
         eprintln!("taskbroker: more tasks on further pages; use --all");

@@ -5,8 +5,8 @@
 
 use serde_json::{Map, Value, json};
 
+use super::LogLevel;
 use super::{ErrorCode, RpcError};
-use crate::tools::LogLevel;
 
 /// The protocol version of this generation.
 pub const VERSION: &str = "2026-07-28";

@@ -16,7 +16,6 @@ use tokio_util::sync::CancellationToken;
 
 use super::get as metrics;
 use crate::clock::now_ms;
-use crate::server::StreamCounter;
 use crate::store::{Store, StoreError};
 
 /// How long `/readyz` waits for the database's answer.
@@ -26,12 +25,18 @@ pub const WRITER_STALL: Duration = Duration::from_secs(10);
 /// How long a scrape waits for the database gauges.
 const SCRAPE_TIMEOUT: Duration = Duration::from_secs(5);
 
+/// A count of open SSE streams, kept by the HTTP front end.
+pub trait OpenStreams: std::fmt::Debug + Send + Sync {
+    /// Streams open now.
+    fn open(&self) -> usize;
+}
+
 /// What a scrape reads besides the instruments: the database, and this
 /// process's open streams and session settings.
 #[derive(Debug, Clone)]
 pub struct Scrape {
     store: Store,
-    streams: Option<Arc<StreamCounter>>,
+    streams: Option<Arc<dyn OpenStreams>>,
     session_idle_ms: Option<i64>,
     /// One set of database reads at a time, whoever scrapes.
     gate: Arc<tokio::sync::Mutex<()>>,
@@ -43,7 +48,7 @@ impl Scrape {
     /// expire).
     pub fn new(
         store: Store,
-        streams: Option<Arc<StreamCounter>>,
+        streams: Option<Arc<dyn OpenStreams>>,
         session_idle: Option<Duration>,
     ) -> Self {
         Self {

@@ -15,12 +15,12 @@ use std::path::{Path, PathBuf};
 
 use clap::Args;
 
+pub(crate) use crate::client::table;
 use crate::client::{EXIT_FAILURE, EXIT_OK};
 use crate::store::{self, Durability, Store};
 
 pub use backup::{BackupArgs, run as backup};
 pub use stats::{StatsArgs, run as stats};
-pub use tasks::TaskListArgs;
 pub use tokens::{TokenCommand, run as token};
 pub use workers::{WorkersArgs, run as workers};
 
@@ -49,42 +49,6 @@ fn failed(e: &dyn std::fmt::Display) -> u8 {
 fn print_json(value: &serde_json::Value) -> u8 {
     println!("{value}");
     EXIT_OK
-}
-
-/// Left-aligned text columns, right-aligned numbers: rows of cells, the
-/// first the header. The command-line client's `tasks list` prints its
-/// tasks the same way.
-pub(crate) fn table(rows: &[Vec<String>], numeric: &[usize]) -> String {
-    let columns = rows.iter().map(Vec::len).max().unwrap_or(0);
-    let widths: Vec<usize> = (0..columns)
-        .map(|c| {
-            rows.iter()
-                .filter_map(|r| r.get(c))
-                .map(|s| s.chars().count())
-                .max()
-                .unwrap_or(0)
-        })
-        .collect();
-    let mut out = String::new();
-    for row in rows {
-        let mut line = String::new();
-        for (c, cell) in row.iter().enumerate() {
-            if c > 0 {
-                line.push_str("  ");
-            }
-            let pad = widths[c].saturating_sub(cell.chars().count());
-            if numeric.contains(&c) {
-                line.push_str(&" ".repeat(pad));
-                line.push_str(cell);
-            } else {
-                line.push_str(cell);
-                line.push_str(&" ".repeat(pad));
-            }
-        }
-        out.push_str(line.trim_end());
-        out.push('\n');
-    }
-    out
 }
 
 /// A duration in ms as `850ms`, `12.3s`, `4m05s`, `2h10m`, `3d04h`.
@@ -116,18 +80,5 @@ mod tests {
         assert_eq!(age(245_000), "4m05s");
         assert_eq!(age(7_800_000), "2h10m");
         assert_eq!(age(273_600_000), "3d04h");
-    }
-
-    #[test]
-    fn tables_align_text_left_and_numbers_right() {
-        let rows = vec![
-            vec!["tool".to_owned(), "jobs".to_owned()],
-            vec!["sleep".to_owned(), "3".to_owned()],
-            vec!["x".to_owned(), "120".to_owned()],
-        ];
-        assert_eq!(
-            table(&rows, &[1]),
-            "tool   jobs\nsleep     3\nx       120\n"
-        );
     }
 }

@@ -2,50 +2,12 @@
 //! database, filtered and paged newest first (keyset paging: the cursor is
 //! the row key of the last task shown).
 
-use clap::Args;
 use serde_json::{Value, json};
 
 use super::{failed, open, table};
-use crate::client::EXIT_OK;
+use crate::client::{EXIT_OK, TaskListArgs};
 use crate::mcp::format_time;
-use crate::store::TaskStatus;
 use crate::store::ops::{TaskFilter, TaskSummary};
-
-/// The operator flags of `taskbroker tasks list`: with `--db`, the list
-/// reads the database directly instead of asking a broker.
-#[derive(Debug, Clone, Default, Args)]
-pub struct TaskListArgs {
-    /// Operators: read this database directly (a SQLite file or a
-    /// postgres:// URL) and list every owner's tasks, instead of asking
-    /// a broker for one session's. Needs access to the database.
-    #[arg(long, value_name = "DB")]
-    pub db: Option<std::path::PathBuf>,
-    /// With --db: only tasks in this status (repeatable, or a comma list):
-    /// working, input_required, completed, failed, cancelled.
-    #[arg(long, value_name = "STATUS", value_delimiter = ',', requires = "db", value_parser = parse_status)]
-    pub status: Vec<TaskStatus>,
-    /// With --db: only tasks of this tool.
-    #[arg(long, value_name = "TOOL", requires = "db")]
-    pub tool: Option<String>,
-    /// With --db: only tasks of this owner (a principal, or a session id
-    /// without tokens).
-    #[arg(long, value_name = "OWNER", requires = "db")]
-    pub owner: Option<String>,
-    /// With --db: tasks per page [default: 50].
-    #[arg(long, value_name = "N", requires = "db", value_parser = clap::value_parser!(i64).range(1..=100_000))]
-    pub limit: Option<i64>,
-    /// With --db: the page after the one that printed this cursor (tasks
-    /// older than it).
-    #[arg(long, value_name = "CURSOR", requires = "db", conflicts_with = "all")]
-    pub before: Option<i64>,
-    /// With --db: print a JSON array of tasks instead of lines.
-    #[arg(long, requires = "db")]
-    pub json: bool,
-}
-
-fn parse_status(s: &str) -> Result<TaskStatus, String> {
-    s.trim().parse()
-}
 
 /// Default page size.
 const LIMIT: i64 = 50;

@@ -218,6 +218,12 @@ impl StreamCounter {
     }
 }
 
+impl crate::metrics::OpenStreams for StreamCounter {
+    fn open(&self) -> usize {
+        StreamCounter::open(self)
+    }
+}
+
 /// Tie `slot` to `response`'s body: the place is released when the body is
 /// done or dropped (the client went away).
 pub fn hold_while_streaming(response: Response, slot: StreamSlot) -> Response {

@@ -7,12 +7,14 @@
 mod audit;
 pub mod auth;
 mod calls;
+mod checks;
 pub mod connections;
 mod dispatch;
 mod limits;
 mod modern;
 mod notify;
 pub mod origin;
+mod posted;
 mod refusals;
 mod reply;
 mod responses;
@@ -27,6 +29,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use axum::Router;
+use axum::middleware::from_fn_with_state;
 use axum::routing::{any, get};
 
 use crate::broker::Broker;
@@ -145,7 +148,14 @@ pub struct AppState {
 /// The router: `/mcp` (POST, GET, DELETE) and `/healthz`.
 pub fn router(state: AppState) -> Router {
     Router::new()
-        .route("/mcp", any(transport::mcp))
+        .route(
+            "/mcp",
+            // The last layer runs first: origin, then token, then rate.
+            any(transport::mcp)
+                .layer(from_fn_with_state(state.clone(), checks::rate))
+                .layer(from_fn_with_state(state.clone(), checks::authenticate))
+                .layer(from_fn_with_state(state.clone(), checks::origin)),
+        )
         .route("/healthz", get(|| async { "ok" }))
         .with_state(state)
 }

@@ -181,8 +181,7 @@ pub(super) async fn initialize(
     } else {
         mcp::LATEST_PROTOCOL_VERSION.to_owned()
     };
-    let idle_ms = i64::try_from(state.config.session_idle.as_millis()).unwrap_or(i64::MAX);
-    match state.broker.live_sessions(idle_ms).await {
+    match state.broker.live_sessions(state.sessions.expiry()).await {
         Ok(n) if n >= state.config.max_sessions => {
             return http_error(
                 StatusCode::SERVICE_UNAVAILABLE,

@@ -2,7 +2,6 @@
 //! restarted server (or another server on the same database) still accepts
 //! them, cached in memory for the hot path.
 
-use crate::broker::Owner;
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicI64, AtomicU8, Ordering};
 use std::sync::{Arc, RwLock};
@@ -10,12 +9,11 @@ use std::sync::{Arc, RwLock};
 use serde_json::{Map, Value};
 
 use crate::broker::records::SessionRecords;
+use crate::broker::{Owner, SessionExpiry};
 use crate::clock::now_ms;
 use crate::store::{NewSession, StoreError};
 use crate::tools::LogLevel;
 
-/// How often (ms) a session's last_seen_at is written.
-const TOUCH_EVERY_MS: i64 = 60_000;
 /// Cached sessions before the first pruning of idle ones.
 const PRUNE_FIRST: usize = 1024;
 /// How long (ms) a cached session is trusted before its row is read again,
@@ -93,9 +91,9 @@ impl Session {
 #[derive(Debug)]
 pub struct Sessions {
     store: SessionRecords,
-    /// Unused this long, a session expires (unless it owns open tasks).
-    idle_ms: i64,
-    /// The cache is pruned of sessions unused for `idle_ms` when it reaches
+    /// When a session expires (the broker's rule).
+    expiry: SessionExpiry,
+    /// The cache is pruned of idle sessions when it reaches
     /// this size (then twice what is left, at least [`PRUNE_FIRST`]), so
     /// sessions that clients never use again do not stay in memory.
     prune_at: std::sync::atomic::AtomicUsize,
@@ -107,10 +105,15 @@ impl Sessions {
     pub fn new(store: SessionRecords, idle: std::time::Duration) -> Self {
         Self {
             store,
-            idle_ms: i64::try_from(idle.as_millis()).unwrap_or(i64::MAX),
+            expiry: SessionExpiry::new(idle),
             prune_at: std::sync::atomic::AtomicUsize::new(PRUNE_FIRST),
             cache: RwLock::new(HashMap::new()),
         }
+    }
+
+    /// The expiry rule these sessions follow.
+    pub fn expiry(&self) -> SessionExpiry {
+        self.expiry
     }
 
     /// Make and store a session for an initialize request.
@@ -154,7 +157,11 @@ impl Sessions {
         cache.insert(id, session);
         if cache.len() >= self.prune_at.load(Ordering::Relaxed) {
             let now = now_ms();
-            cache.retain(|_, s| now - s.last_touch.load(Ordering::Relaxed) <= self.idle_ms);
+            cache.retain(|_, s| {
+                !self
+                    .expiry
+                    .is_idle(s.last_touch.load(Ordering::Relaxed), now)
+            });
             self.prune_at
                 .store((cache.len() * 2).max(PRUNE_FIRST), Ordering::Relaxed);
         }
@@ -177,19 +184,18 @@ impl Sessions {
             },
         };
         let mut last = session.last_touch.load(Ordering::Relaxed);
-        if now - last > self.idle_ms && !fresh {
+        if self.expiry.is_idle(last, now) && !fresh {
             let Some(s) = self.reread(id, Some(session.clone()), now).await? else {
                 return Ok(None);
             };
             last = s.last_touch.load(Ordering::Relaxed);
         }
-        if now - last > self.idle_ms && !self.store.session_owns_open_tasks(id, now).await? {
+        if self.expiry.expired(&self.store, id, last, now).await? {
             tracing::info!(session = id, "session expired: idle");
             self.end(id).await?;
             return Ok(None);
         }
-        // Often enough that an active session never looks idle.
-        if now - last > (self.idle_ms / 4).min(TOUCH_EVERY_MS) {
+        if self.expiry.touch_due(last, now) {
             session.last_touch.store(now, Ordering::Relaxed);
             self.store.session_touch(id, now).await?;
         }
