@@ -131,13 +131,19 @@ pub(super) async fn run(path: &Path, options: &SqliteConnectOptions) -> Result<u
             Err(e) => e,
         };
         // Only what another process migrating at once causes is worth
-        // another try: the file locked, a table or history row it made
-        // first. Anything else (a file that is no database, a full or
-        // broken disk, a migration that fails on its own) is said at once.
+        // another try: the file locked, a table, column or history row it
+        // made first, a trigger or view it already replaced (each process
+        // reads the applied versions before it takes the write lock). A
+        // migration that fails so on its own still fails at the deadline.
+        // Anything else (a file that is no database, a full or broken
+        // disk) is said at once.
         let raced = [
             "database is locked",
             "database table is locked",
             "already exists",
+            "duplicate column name",
+            "no such trigger",
+            "no such view",
             "UNIQUE constraint failed: refinery_schema_history",
         ]
         .iter()
