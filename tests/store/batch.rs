@@ -106,9 +106,12 @@ store_test!(write_batch_groups_creations_and_completions);
 /// the batch one by one: that write fails alone, the others commit.
 async fn write_batch_failing_write_fails_alone(db: TestDb) {
     let raw = db.raw().await;
+    let mut not_json = new_task("not-json", "alice");
+    not_json.arguments = "not json".to_owned();
     let ops = vec![
         create_op(new_task("dup", "alice"), Some(JOB), None),
         create_op(new_task("dup", "alice"), Some(JOB), None),
+        create_op(not_json, Some(JOB), None),
         create_op(new_task("ok", "alice"), Some(JOB), None),
         create_op(
             new_task("refused", "alice"),
@@ -122,6 +125,14 @@ async fn write_batch_failing_write_fails_alone(db: TestDb) {
         created(done.next().unwrap()),
         Err(StoreError::Db(_))
     ));
+    assert_db_refused(
+        created(done.next().unwrap()),
+        &check_refusal(
+            db.driver(),
+            "json_valid(arguments)",
+            "tasks_arguments_check",
+        ),
+    );
     let other = created(done.next().unwrap()).unwrap();
     let refused = created(done.next().unwrap()).unwrap();
     assert_eq!(refused.status, TaskStatus::Failed);

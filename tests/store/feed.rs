@@ -122,6 +122,30 @@ async fn change_feed_wakes_when_another_handle_commits(db: TestDb) {
         .map(|e| (e.task_id.as_str(), e.to_status))
         .collect();
     assert_eq!(got, vec![("t-other", TaskStatus::Working)]);
+    assert_eq!(events[0].from_status, None);
+    assert_eq!(events[0].owner, "alice");
+    assert!(feed.next_events(10).await.unwrap().is_empty());
+
+    // A progress report from the other handle reaches this feed too.
+    let claimed = claim_one(&other, "w1", "lease-1", T0 + 1).await;
+    other
+        .task_record_progress(claimed.task_seq, "lease-1", 0.5, None, "half", T0 + 2)
+        .await
+        .unwrap();
+    other.announce_commit();
+    tokio::time::timeout(Duration::from_secs(10), async {
+        loop {
+            let woken = remote.notified();
+            let progress = feed.next_progress(10).await.unwrap();
+            if let Some(p) = progress.first() {
+                assert_eq!((p.task_id.as_str(), p.progress), ("t-other", 0.5));
+                return;
+            }
+            woken.await;
+        }
+    })
+    .await
+    .expect("the other handle's progress report reaches this feed");
     shutdown.cancel();
     // A feed holds a connection of its own: drop it before closing.
     drop(other_feed);
@@ -170,3 +194,66 @@ async fn change_feed_reads_progress_reports_in_order(db: TestDb) {
     assert!(feed.next_progress(10).await.unwrap().is_empty());
 }
 store_test!(change_feed_reads_progress_reports_in_order);
+
+/// Many writers at once: the feed still sees every event, each once and
+/// in id order (on PostgreSQL, ids become visible in id order).
+async fn feed_misses_nothing_under_concurrent_writers(db: TestDb) {
+    const WRITERS: usize = 6;
+    const TASKS_EACH: usize = 25;
+    let shutdown = CancellationToken::new();
+    let mut feed = db.store.change_feed(shutdown.clone()).await.unwrap();
+    let writers: Vec<_> = (0..WRITERS)
+        .map(|w| {
+            let store = db.store.clone();
+            tokio::spawn(async move {
+                for i in 0..TASKS_EACH {
+                    store
+                        .task_create(
+                            &new_task(&format!("w{w}-{i}"), "alice"),
+                            Some(JOB),
+                            None,
+                            T0,
+                        )
+                        .await
+                        .unwrap();
+                }
+            })
+        })
+        .collect();
+    let mut seen = HashSet::new();
+    let mut last = 0;
+    let all_written = async {
+        for w in writers {
+            w.await.expect("writer");
+        }
+    };
+    tokio::pin!(all_written);
+    let mut finished = false;
+    loop {
+        for e in feed.next_events(7).await.unwrap() {
+            assert!(e.id > last, "feed out of order");
+            last = e.id;
+            assert!(seen.insert(e.task_id), "an event twice");
+        }
+        if finished {
+            // Everything committed: one more read must find the rest.
+            for e in feed.next_events(1000).await.unwrap() {
+                assert!(e.id > last, "feed out of order");
+                last = e.id;
+                assert!(seen.insert(e.task_id), "an event twice");
+            }
+            assert_eq!(seen.len(), WRITERS * TASKS_EACH, "the feed skipped events");
+            break;
+        }
+        tokio::select! {
+            () = &mut all_written => finished = true,
+            // Read while the writers write: the reads interleave with commits.
+            () = tokio::time::sleep(Duration::from_millis(2)) => {}
+        }
+    }
+    shutdown.cancel();
+}
+store_test!(
+    #[multi_thread]
+    feed_misses_nothing_under_concurrent_writers
+);

@@ -637,7 +637,15 @@ async fn job_rescue_expired_fails_task_when_attempts_are_exhausted(db: TestDb) {
     let message = task.status_message.clone().unwrap();
     assert!(message.contains("worker lost"), "{message}");
     assert!(message.contains('2'), "says how many times: {message}");
+    assert_eq!(
+        message,
+        "worker lost 2 time(s): lease expired with no attempts left"
+    );
     assert_eq!(task.result_kind, Some(ResultKind::Error));
+    assert_eq!(
+        task.result.as_deref(),
+        Some(r#"{"code":-32603,"message":"Task failed: worker lost 2 time(s) (lease expired)"}"#)
+    );
     let error: serde_json::Value = serde_json::from_str(task.result.as_deref().unwrap()).unwrap();
     assert_eq!(error["code"], serde_json::json!(-32603));
     assert!(

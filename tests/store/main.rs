@@ -7,8 +7,9 @@
 //! `async fn <test>(db: TestDb)` (or `(fresh: FreshDb)` for a database not
 //! opened yet) followed by `store_test!(<test>)`, which makes the two.
 //! Run alone: `migrate::sqlite_open_creates_the_file_in_wal_mode` (about
-//! the SQLite file itself) and `migrate::durability_parses_case_insensitively`
-//! (no database).
+//! the SQLite file itself), `migrate::durability_parses_case_insensitively`
+//! (no database), and the `postgres::` tests (about the PostgreSQL driver
+//! as such, on PostgreSQL only).
 //!
 //! This file is the harness (how each driver's database is made and
 //! opened, the both-drivers macro, raw SQL beside the store, helpers the
@@ -603,6 +604,7 @@ mod messages;
 mod metrics;
 mod migrate;
 mod ops;
+mod postgres;
 mod raw_sql;
 mod sessions;
 mod tasks;

@@ -121,6 +121,20 @@ async fn migrate_applies_once_then_nothing(fresh: FreshDb) {
 }
 store_test!(migrate_applies_once_then_nothing);
 
+/// Two `migrate` runs at once on a new database (two operators, or an
+/// operator and a starting broker): one applies every migration, the
+/// other finds nothing left to do.
+async fn concurrent_migrations_apply_once(fresh: FreshDb) {
+    let (a, b) = tokio::join!(
+        store::migrate(&fresh.location),
+        store::migrate(&fresh.location)
+    );
+    let mut applied = [a.expect("first migrate"), b.expect("second migrate")];
+    applied.sort_unstable();
+    assert_eq!(applied, [0, migration_files(fresh.driver)]);
+}
+store_test!(concurrent_migrations_apply_once);
+
 /// `open_existing` (worker processes) never migrates: it refuses a
 /// database without the schema, or with a newer one, and opens one whose
 /// schema is exactly this build's.

@@ -364,6 +364,7 @@ async fn task_cancel_finishes_a_queued_job(db: TestDb) {
     assert!(j.cancel_requested);
     assert_eq!(j.finished_at, Some(T0 + 10));
     assert_eq!(j.attempt, 0);
+    assert_eq!(j.last_error.as_deref(), Some("cancelled while queued"));
 
     // Nothing left to claim.
     let claimed = db
