@@ -223,7 +223,14 @@ async fn t21_cancel_while_input_required(driver: Driver) {
         json!({"action": "accept", "content": {"approved": true}}),
     )
     .await;
-    tokio::time::sleep(Duration::from_millis(500)).await;
+    // Its worker has stopped the job: nothing left that could act on the
+    // answer.
+    server
+        .wait_for_log(
+            &format!("job stopped: task cancelled task_id={id}"),
+            Duration::from_secs(15),
+        )
+        .await;
     assert_eq!(
         c.ok("tasks/get", json!({"taskId": id})).await["status"],
         "cancelled"
@@ -323,7 +330,10 @@ async fn h4_resume_gets_exactly_the_missed_messages_in_order(driver: Driver) {
     let (first, m) = sse.next_message().await.unwrap();
     assert_eq!(m["params"]["progress"], 1.0);
     drop(sse); // the connection drops; the call goes on
-    tokio::time::sleep(Duration::from_millis(2500)).await; // progress 2, 3 and the result pass
+    // Progress 2, 3 and the result pass: the broker logs the call's end.
+    server
+        .wait_for_log("request method=\"tools/call\"", Duration::from_secs(15))
+        .await;
     let mut h = c.headers();
     h.insert("accept", HeaderValue::from_static("text/event-stream"));
     h.insert(

@@ -8,7 +8,7 @@ mod common;
 
 use std::time::{Duration, Instant};
 
-use common::{Client, Driver, Server, parse_time_ms};
+use common::{Client, Driver, Server, SseReader, parse_time_ms};
 use serde_json::{Value, json};
 
 const RELATED: &str = "io.modelcontextprotocol/related-task";
@@ -250,16 +250,12 @@ async fn t20_t21_t22_cancel_is_immediate_final_and_stops_the_work() {
     let id = t["taskId"].as_str().unwrap();
     // Cancelled while its job runs (T-22 is about stopping the work): the
     // worker says when it starts it, at the machine's pace.
-    let started = format!("job started task_id={id}");
-    let deadline = Instant::now() + Duration::from_secs(20);
-    while !server.log().contains(&started) {
-        assert!(
-            Instant::now() < deadline,
-            "job never started: {}",
-            server.log()
-        );
-        tokio::time::sleep(Duration::from_millis(20)).await;
-    }
+    server
+        .wait_for_log(
+            &format!("job started task_id={id}"),
+            Duration::from_secs(20),
+        )
+        .await;
     // T-21: cancelled in the response itself.
     let cancelled = c.ok("tasks/cancel", json!({"taskId": id})).await;
     assert_task_shape(&cancelled);
@@ -269,8 +265,14 @@ async fn t20_t21_t22_cancel_is_immediate_final_and_stops_the_work() {
     let e = c.err("tasks/cancel", json!({"taskId": id})).await;
     assert_eq!(e["code"], -32602);
     assert!(e["message"].as_str().unwrap().contains("'cancelled'"));
-    // T-22: still cancelled after the sleep would have finished.
-    tokio::time::sleep(Duration::from_secs(4)).await;
+    // T-22: still cancelled once its worker has stopped the job, after
+    // which no outcome can come.
+    server
+        .wait_for_log(
+            &format!("job stopped: task cancelled task_id={id}"),
+            Duration::from_secs(20),
+        )
+        .await;
     assert_eq!(
         c.ok("tasks/get", json!({"taskId": id})).await["status"],
         "cancelled"
@@ -293,18 +295,23 @@ async fn t14_a_waiting_result_returns_the_cancellation() {
     let id = t["taskId"].as_str().unwrap().to_owned();
     let mut waiter = Client::new(&server.url);
     waiter.session = c.session.clone();
-    let wait_id = id.clone();
-    let handle = tokio::spawn(async move {
-        waiter
-            .request("tasks/result", json!({"taskId": wait_id}))
-            .await
-    });
-    tokio::time::sleep(Duration::from_millis(300)).await;
+    let (wait_id, response) = waiter
+        .post_stream("tasks/result", json!({"taskId": id}))
+        .await;
+    // The server waits: its stream is open (the priming event came).
+    let mut stream = SseReader::new(response);
+    stream.next_event().await.expect("the priming event");
     c.ok("tasks/cancel", json!({"taskId": id})).await;
-    let msg = tokio::time::timeout(Duration::from_secs(5), handle)
-        .await
-        .expect("woken")
-        .unwrap();
+    let msg = tokio::time::timeout(Duration::from_secs(5), async {
+        loop {
+            let (_, m) = stream.next_message().await.expect("the response");
+            if m["id"] == wait_id {
+                return m;
+            }
+        }
+    })
+    .await
+    .expect("woken");
     assert_eq!(msg["error"]["code"], -32800);
 }
 
@@ -488,6 +495,7 @@ async fn t33_expired_tasks_answer_expired_then_are_purged() {
         )
         .await;
     let id = r["task"]["taskId"].as_str().unwrap().to_owned();
+    // The ttl (700 ms) must run out: time passing is what this tests.
     tokio::time::sleep(Duration::from_millis(900)).await;
     // Expired: "Task has expired" (or already purged: "Task not found").
     let e = c.err("tasks/get", json!({"taskId": id})).await;

@@ -38,8 +38,8 @@ use outcome::result_of;
 pub use outcome::{ClientAnswer, ErrorRecord, TaskResult, outcome_to_record};
 pub use owner::Owner;
 pub use session_expiry::SessionExpiry;
-pub use task::{Task, TaskDetail, WaitEvent, task_at_event};
 use task::task_from_row;
+pub use task::{Task, TaskDetail, WaitEvent, task_at_event};
 pub use writer::{HandedOff, Handoff, Writer};
 
 /// Limits and defaults of task handling.

@@ -193,14 +193,31 @@ impl Server {
         }
     }
 
-    /// The server's log so far.
     /// The broker's process, to signal it or wait for it.
     pub fn child(&mut self) -> &mut Child {
         self.child.as_mut().expect("the broker is running")
     }
 
+    /// The server's log so far.
     pub fn log(&self) -> String {
         std::fs::read_to_string(self.dir.join("server.log")).unwrap_or_default()
+    }
+
+    /// Wait until the server's log holds `needle` (the broker writes it at
+    /// the machine's pace) and return the log then; fail after `timeout`.
+    pub async fn wait_for_log(&self, needle: &str, timeout: Duration) -> String {
+        let deadline = Instant::now() + timeout;
+        loop {
+            let log = self.log();
+            if log.contains(needle) {
+                return log;
+            }
+            assert!(
+                Instant::now() < deadline,
+                "{needle:?} not in the log after {timeout:?}: {log}"
+            );
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
     }
 
     /// A client with an initialized session.

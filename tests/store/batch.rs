@@ -1,0 +1,213 @@
+//! Group commit (`write_batch`): creations, completions and claims of one
+//! batch in one commit, and a write that fails alone.
+
+use super::*;
+
+// Group commit (write_batch) --------------------------------------------------
+
+/// A creation for `write_batch`.
+fn create_op(new: NewTask, job: Option<NewJob>, outcome: Option<TaskOutcome>) -> Write {
+    Write::Create { new, job, outcome }
+}
+
+/// A completion for `write_batch`.
+fn complete_op(task_seq: i64, token: &str, outcome: TaskOutcome) -> Write {
+    Write::Complete {
+        task_seq,
+        task_id: String::new(),
+        lease_token: token.to_owned(),
+        outcome,
+    }
+}
+
+/// The row a batch's creation answered.
+fn created(done: Result<Written, StoreError>) -> Result<TaskRow, StoreError> {
+    match done? {
+        Written::Created(row) => Ok(row),
+        other => panic!("expected a created row, got {other:?}"),
+    }
+}
+
+/// What a batch's completion answered.
+fn completed(done: Result<Written, StoreError>) -> Result<bool, StoreError> {
+    match done? {
+        Written::Completed(took) => Ok(took),
+        other => panic!("expected a completion, got {other:?}"),
+    }
+}
+
+/// Grouped path: creations and completions of one batch in one commit; a
+/// lost lease answers LeaseLost for that write alone (T-9, T-22 fencing).
+async fn write_batch_groups_creations_and_completions(db: TestDb) {
+    let raw = db.raw().await;
+    let a = db
+        .store
+        .task_create(&new_task("a", "alice"), Some(JOB), None, T0)
+        .await
+        .unwrap();
+    let b = db
+        .store
+        .task_create(&new_task("b", "alice"), Some(JOB), None, T0)
+        .await
+        .unwrap();
+    let claimed = db
+        .store
+        .job_claim_available("w1", "lease-1", &echo(10), 10, LEASE_MS, T0 + 1)
+        .await
+        .unwrap();
+    assert_eq!(claimed.len(), 2);
+    assert!(
+        claimed.iter().all(|j| j.progress_token.is_none()),
+        "a NULL column stays None: {claimed:?}"
+    );
+    let mut ops = Vec::new();
+    for id in ["n1", "n2", "n3"] {
+        ops.push(create_op(new_task(id, "bob"), Some(JOB), None));
+    }
+    ops.push(complete_op(a.seq, "lease-1", completed_outcome()));
+    ops.push(complete_op(b.seq, "not-the-lease", completed_outcome()));
+    let mut done = db
+        .store
+        .write_batch(&ops, T0 + 10)
+        .await
+        .unwrap()
+        .into_iter();
+    let news: Vec<_> = done.by_ref().take(3).collect();
+    let done_a = done.next().unwrap();
+    let stale_b = done.next().unwrap();
+
+    for (d, id) in news.into_iter().zip(["n1", "n2", "n3"]) {
+        let row = created(d).unwrap();
+        assert_eq!(row.task_id, id);
+        assert_eq!(row.status, TaskStatus::Working, "T-9");
+        assert_eq!(row.created_at, T0 + 10);
+        assert_eq!(
+            row,
+            get(&db.store, id).await,
+            "the answer is the stored row"
+        );
+        let j = job(&raw, row.seq).await.unwrap();
+        assert_eq!(j.state, "queued");
+    }
+    assert!(completed(done_a).unwrap(), "a took its outcome");
+    assert_lease_lost(completed(stale_b));
+    assert_eq!(get(&db.store, "a").await.status, TaskStatus::Completed);
+    assert_eq!(get(&db.store, "a").await.updated_at, T0 + 10);
+    assert_eq!(
+        get(&db.store, "b").await.status,
+        TaskStatus::Working,
+        "fenced out"
+    );
+    assert_eq!(job(&raw, b.seq).await.unwrap().state, "running");
+}
+store_test!(write_batch_groups_creations_and_completions);
+
+/// A write the grouped statements cannot take (a duplicate task id) sends
+/// the batch one by one: that write fails alone, the others commit.
+async fn write_batch_failing_write_fails_alone(db: TestDb) {
+    let raw = db.raw().await;
+    let mut not_json = new_task("not-json", "alice");
+    not_json.arguments = "not json".to_owned();
+    let ops = vec![
+        create_op(new_task("dup", "alice"), Some(JOB), None),
+        create_op(new_task("dup", "alice"), Some(JOB), None),
+        create_op(not_json, Some(JOB), None),
+        create_op(new_task("ok", "alice"), Some(JOB), None),
+        create_op(
+            new_task("refused", "alice"),
+            None,
+            Some(failed_outcome("bad arguments")),
+        ),
+    ];
+    let mut done = db.store.write_batch(&ops, T0).await.unwrap().into_iter();
+    let first = created(done.next().unwrap()).unwrap();
+    assert!(matches!(
+        created(done.next().unwrap()),
+        Err(StoreError::Db(_))
+    ));
+    assert_db_refused(
+        created(done.next().unwrap()),
+        &check_refusal(
+            db.driver(),
+            "json_valid(arguments)",
+            "tasks_arguments_check",
+        ),
+    );
+    let other = created(done.next().unwrap()).unwrap();
+    let refused = created(done.next().unwrap()).unwrap();
+    assert_eq!(refused.status, TaskStatus::Failed);
+    assert_eq!(
+        transitions(&raw, "refused").await,
+        vec![tr(None, "working"), tr(Some("working"), "failed")],
+        "T-9: even a refused call starts working"
+    );
+    let n = count_all(&raw, "SELECT count(*) FROM tasks").await;
+    assert_eq!(n, 3);
+    assert!(job(&raw, first.seq).await.is_some());
+    assert!(job(&raw, other.seq).await.is_some());
+    assert!(job(&raw, refused.seq).await.is_none());
+}
+store_test!(write_batch_failing_write_fails_alone);
+
+/// The same job completed twice in one batch: the first holds the lease,
+/// the second is fenced out.
+async fn write_batch_same_job_twice_second_is_fenced(db: TestDb) {
+    let row = db
+        .store
+        .task_create(&new_task("t", "alice"), Some(JOB), None, T0)
+        .await
+        .unwrap();
+    claim_one(&db.store, "w1", "lease-1", T0 + 1).await;
+    let ops = vec![
+        complete_op(row.seq, "lease-1", completed_outcome()),
+        complete_op(row.seq, "lease-1", failed_outcome("again")),
+    ];
+    let mut done = db
+        .store
+        .write_batch(&ops, T0 + 5)
+        .await
+        .unwrap()
+        .into_iter();
+    assert!(completed(done.next().unwrap()).unwrap());
+    assert_lease_lost(completed(done.next().unwrap()));
+    assert_eq!(get(&db.store, "t").await.status, TaskStatus::Completed);
+}
+store_test!(write_batch_same_job_twice_second_is_fenced);
+
+/// A claim in a group commit sees the jobs created earlier in the same
+/// batch, and shares its transaction.
+async fn write_batch_claim_sees_jobs_created_in_the_same_batch(db: TestDb) {
+    let c1 = create_op(new_task("c1", "alice"), Some(JOB), None);
+    let claim = Write::Claim {
+        worker: "w1".into(),
+        lease_token: "lease-1".into(),
+        quotas: echo(5),
+        limit: 5,
+        lease_ms: LEASE_MS,
+    };
+    let mut done = db
+        .store
+        .write_batch(&[claim, c1], T0)
+        .await
+        .unwrap()
+        .into_iter();
+    let jobs = match done.next().unwrap().unwrap() {
+        Written::Claimed(jobs) => jobs,
+        other => panic!("expected claimed jobs, got {other:?}"),
+    };
+    let row = created(done.next().unwrap()).unwrap();
+    assert_eq!(
+        row.status_message, None,
+        "claimed in its own commit: never says queued"
+    );
+    assert_eq!(jobs.len(), 1);
+    assert_eq!(jobs[0].task_seq, row.seq);
+    assert_eq!(jobs[0].task_id, "c1");
+    assert_eq!(jobs[0].attempt, 1);
+    assert_eq!(jobs[0].lease_token, "lease-1");
+    assert_eq!(
+        job(&db.raw().await, row.seq).await.unwrap().state,
+        "running"
+    );
+}
+store_test!(write_batch_claim_sees_jobs_created_in_the_same_batch);

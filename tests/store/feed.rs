@@ -1,0 +1,259 @@
+//! The change feed (`ChangeFeed`, `task_events_head`): what a stream of
+//! status changes and progress reports reads, and when it wakes.
+
+use super::*;
+
+// change feed: change_feed (version, next_events, next_progress) / task_events_head
+
+async fn change_feed_follows_every_transition_from_the_head(db: TestDb) {
+    assert_eq!(db.store.task_events_head().await.unwrap(), 0, "empty feed");
+    let mut feed = db
+        .store
+        .change_feed(CancellationToken::new())
+        .await
+        .unwrap();
+
+    let a = db
+        .store
+        .task_create(&new_task("t-a", "alice"), Some(JOB), None, T0)
+        .await
+        .unwrap();
+    db.store
+        .task_create(&new_task("t-b", "alice"), None, None, T0 + 1)
+        .await
+        .unwrap();
+    let head_after_create = db.store.task_events_head().await.unwrap();
+    assert_eq!(head_after_create, 2);
+    // A feed opened now starts at the head: it sees only what follows.
+    let mut late = db
+        .store
+        .change_feed(CancellationToken::new())
+        .await
+        .unwrap();
+
+    claim_one(&db.store, "w1", "lease-1", T0 + 2).await;
+    db.store
+        .job_complete(a.seq, "lease-1", &completed_outcome(), T0 + 3)
+        .await
+        .unwrap();
+    db.store
+        .task_cancel("t-b", "alice", "cancelled", T0 + 4)
+        .await
+        .unwrap();
+    // A status message is not a transition.
+    assert_eq!(db.store.task_events_head().await.unwrap(), 4);
+
+    let first = feed.next_events(3).await.unwrap();
+    let rest = feed.next_events(100).await.unwrap();
+    let got: Vec<(i64, &str, TaskStatus)> = first
+        .iter()
+        .chain(&rest)
+        .map(|e| (e.id, e.task_id.as_str(), e.to_status))
+        .collect();
+    assert_eq!(
+        got,
+        vec![
+            (1, "t-a", TaskStatus::Working),
+            (2, "t-b", TaskStatus::Working),
+            (3, "t-a", TaskStatus::Completed),
+            (4, "t-b", TaskStatus::Cancelled),
+        ]
+    );
+    assert_eq!(first.len(), 3, "the limit holds");
+
+    let tail = late.next_events(100).await.unwrap();
+    assert_eq!(tail.iter().map(|e| e.id).collect::<Vec<_>>(), vec![3, 4]);
+    assert!(feed.next_events(100).await.unwrap().is_empty(), "read once");
+}
+store_test!(change_feed_follows_every_transition_from_the_head);
+
+/// `ChangeFeed::version` stays while nothing is committed and moves after a
+/// commit the feed reads (at once on SQLite; when the notification arrives
+/// on PostgreSQL: a process kicks its own feed after its commits, so it
+/// never waits for that).
+async fn change_feed_version_moves_after_a_commit(db: TestDb) {
+    let shutdown = CancellationToken::new();
+    let mut feed = db.store.change_feed(shutdown.clone()).await.unwrap();
+    let v1 = feed.version().await.unwrap();
+    assert_eq!(feed.version().await.unwrap(), v1, "no commit, no change");
+
+    db.store
+        .task_create(&new_task("t-1", "alice"), None, None, T0)
+        .await
+        .unwrap();
+    let deadline = std::time::Instant::now() + Duration::from_secs(10);
+    while feed.version().await.unwrap() == v1 {
+        assert!(
+            std::time::Instant::now() < deadline,
+            "the version never moved after a commit"
+        );
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    assert_eq!(feed.next_events(10).await.unwrap().len(), 1);
+    shutdown.cancel();
+}
+store_test!(change_feed_version_moves_after_a_commit);
+
+/// A commit from another handle on the database (another process),
+/// announced as a process does after its commits: the feed's remote signal
+/// fires, its version moves, and it reads what the other handle wrote.
+async fn change_feed_wakes_when_another_handle_commits(db: TestDb) {
+    let shutdown = CancellationToken::new();
+    let mut feed = db.store.change_feed(shutdown.clone()).await.unwrap();
+    let v1 = feed.version().await.unwrap();
+
+    let other = store::open(db.location(), Durability::Full).await.unwrap();
+    let other_feed = other.change_feed(shutdown.clone()).await.unwrap();
+    let remote = feed.remote();
+    let woken = remote.notified();
+    other
+        .task_create(&new_task("t-other", "alice"), Some(JOB), None, T0)
+        .await
+        .unwrap();
+    other.announce_commit();
+    tokio::time::timeout(Duration::from_secs(10), woken)
+        .await
+        .expect("the other handle's commit wakes this feed");
+    assert_ne!(feed.version().await.unwrap(), v1);
+
+    let events = feed.next_events(10).await.unwrap();
+    let got: Vec<(&str, TaskStatus)> = events
+        .iter()
+        .map(|e| (e.task_id.as_str(), e.to_status))
+        .collect();
+    assert_eq!(got, vec![("t-other", TaskStatus::Working)]);
+    assert_eq!(events[0].from_status, None);
+    assert_eq!(events[0].owner, "alice");
+    assert!(feed.next_events(10).await.unwrap().is_empty());
+
+    // A progress report from the other handle reaches this feed too.
+    let claimed = claim_one(&other, "w1", "lease-1", T0 + 1).await;
+    other
+        .task_record_progress(claimed.task_seq, "lease-1", 0.5, None, "half", T0 + 2)
+        .await
+        .unwrap();
+    other.announce_commit();
+    tokio::time::timeout(Duration::from_secs(10), async {
+        loop {
+            let woken = remote.notified();
+            let progress = feed.next_progress(10).await.unwrap();
+            if let Some(p) = progress.first() {
+                assert_eq!((p.task_id.as_str(), p.progress), ("t-other", 0.5));
+                return;
+            }
+            woken.await;
+        }
+    })
+    .await
+    .expect("the other handle's progress report reaches this feed");
+    shutdown.cancel();
+    // A feed holds a connection of its own: drop it before closing.
+    drop(other_feed);
+    other.close().await;
+}
+store_test!(change_feed_wakes_when_another_handle_commits);
+
+async fn change_feed_reads_progress_reports_in_order(db: TestDb) {
+    let mut feed = db
+        .store
+        .change_feed(CancellationToken::new())
+        .await
+        .unwrap();
+    let row = db
+        .store
+        .task_create(&new_task("t-p", "alice"), Some(JOB), None, T0)
+        .await
+        .unwrap();
+    claim_one(&db.store, "w1", "lease-p", T0 + 1).await;
+    for (i, msg) in ["one", "two", "three"].iter().enumerate() {
+        db.store
+            .task_record_progress(row.seq, "lease-p", i as f64 + 1.0, Some(3.0), msg, T0 + 2)
+            .await
+            .unwrap();
+    }
+    let got: Vec<(f64, Option<String>)> = feed
+        .next_progress(10)
+        .await
+        .unwrap()
+        .into_iter()
+        .map(|p| (p.progress, p.message))
+        .collect();
+    assert_eq!(
+        got,
+        vec![
+            (1.0, Some("one".to_owned())),
+            (2.0, Some("two".to_owned())),
+            (3.0, Some("three".to_owned())),
+        ]
+    );
+    assert_lease_lost(
+        db.store
+            .task_record_progress(row.seq, "stranger", 4.0, None, "x", T0 + 3)
+            .await,
+    );
+    assert!(feed.next_progress(10).await.unwrap().is_empty());
+}
+store_test!(change_feed_reads_progress_reports_in_order);
+
+/// Many writers at once: the feed still sees every event, each once and
+/// in id order (on PostgreSQL, ids become visible in id order).
+async fn feed_misses_nothing_under_concurrent_writers(db: TestDb) {
+    const WRITERS: usize = 6;
+    const TASKS_EACH: usize = 25;
+    let shutdown = CancellationToken::new();
+    let mut feed = db.store.change_feed(shutdown.clone()).await.unwrap();
+    let writers: Vec<_> = (0..WRITERS)
+        .map(|w| {
+            let store = db.store.clone();
+            tokio::spawn(async move {
+                for i in 0..TASKS_EACH {
+                    store
+                        .task_create(
+                            &new_task(&format!("w{w}-{i}"), "alice"),
+                            Some(JOB),
+                            None,
+                            T0,
+                        )
+                        .await
+                        .unwrap();
+                }
+            })
+        })
+        .collect();
+    let mut seen = HashSet::new();
+    let mut last = 0;
+    let all_written = async {
+        for w in writers {
+            w.await.expect("writer");
+        }
+    };
+    tokio::pin!(all_written);
+    let mut finished = false;
+    loop {
+        for e in feed.next_events(7).await.unwrap() {
+            assert!(e.id > last, "feed out of order");
+            last = e.id;
+            assert!(seen.insert(e.task_id), "an event twice");
+        }
+        if finished {
+            // Everything committed: one more read must find the rest.
+            for e in feed.next_events(1000).await.unwrap() {
+                assert!(e.id > last, "feed out of order");
+                last = e.id;
+                assert!(seen.insert(e.task_id), "an event twice");
+            }
+            assert_eq!(seen.len(), WRITERS * TASKS_EACH, "the feed skipped events");
+            break;
+        }
+        tokio::select! {
+            () = &mut all_written => finished = true,
+            // Read while the writers write: the reads interleave with commits.
+            () = tokio::time::sleep(Duration::from_millis(2)) => {}
+        }
+    }
+    shutdown.cancel();
+}
+store_test!(
+    #[multi_thread]
+    feed_misses_nothing_under_concurrent_writers
+);
