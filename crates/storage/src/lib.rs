@@ -7,6 +7,38 @@
 //! a parameter (callers own the clock), and speak the plain values of
 //! [`model`]: no database type, no JSON-RPC shape crosses this interface.
 //! Only the broker calls it.
+//!
+//! # What the drivers share, and what they do not
+//!
+//! The Rust logic both drivers need is written here once: the group
+//! commit's two passes, savepoints and fan-out ([`batch`], over the
+//! per-driver [`batch::GroupCommit`] statements), the served form of a new
+//! task ([`as_served`]), the decoding of stored text into enums ([`text`])
+//! and the arithmetic of the operators' reads ([`ops`]).
+//!
+//! Each driver keeps its own copy of every SQL statement, even one that
+//! reads the same in both dialects once placeholders are set aside: a
+//! statement is a `query!` string literal checked against its own
+//! database, and the offline data (`.sqlx/`) is keyed by the statement's
+//! text alone (one describe per text, naming one database), so one text
+//! cannot serve both. A statement of PostgreSQL must therefore never be
+//! word for word one of SQLite. The dialects differ in:
+//! - placeholders: `?` or `?N` (SQLite), `$N` (PostgreSQL);
+//! - nullability and type hints sqlx needs: SQLite cannot infer them
+//!   through views, `RETURNING` and aggregates (`AS "seq!"`,
+//!   `AS "n!: i64"`), PostgreSQL through its views;
+//! - rows passed in bulk: one JSON array read with `json_each` and
+//!   `value ->> 'key'` (SQLite), `jsonb_to_recordset` or arrays with
+//!   `unnest` (PostgreSQL);
+//! - writing: SQLite has one writer (`BEGIN IMMEDIATE` on the write
+//!   connection); PostgreSQL has many, so writes to tasks take the feed's
+//!   advisory lock (`pg_advisory_xact_lock`) for the change feed's order,
+//!   and claims lock rows (`FOR UPDATE ... SKIP LOCKED`);
+//! - functions: `MAX(a, b)` against `GREATEST(a, b)`, integer flags
+//!   against `boolean`, `sqlite_master` against `to_regclass`,
+//!   `EXPLAIN QUERY PLAN` against `EXPLAIN`;
+//! - the change signal: `PRAGMA data_version` and a wake file (SQLite),
+//!   `LISTEN`/`NOTIFY` (PostgreSQL).
 
 #[cfg(feature = "sqlx")]
 pub mod batch;
