@@ -66,10 +66,7 @@ impl TaskStore for SqliteStore {
         let Some(current) = current else {
             return Ok(CancelOutcome::NotFound);
         };
-        let status: TaskStatus = current
-            .status
-            .parse()
-            .map_err(|e| StoreError::Decode(format!("tasks.status: {e}")))?;
+        let status = text::status("tasks.status", &current.status)?;
         if status.is_terminal() {
             return Ok(CancelOutcome::Terminal(status));
         }

@@ -46,6 +46,7 @@ mod error;
 mod metrics;
 pub mod model;
 pub mod ops;
+pub mod schema;
 mod status;
 pub mod text;
 
