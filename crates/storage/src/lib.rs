@@ -13,8 +13,9 @@
 //! The Rust logic both drivers need is written here once: the group
 //! commit's two passes, savepoints and fan-out ([`batch`], over the
 //! per-driver [`batch::GroupCommit`] statements), the served form of a new
-//! task ([`as_served`]), the decoding of stored text into enums ([`text`])
-//! and the arithmetic of the operators' reads ([`ops`]).
+//! task ([`as_served`]), the decoding of stored text into enums ([`text`],
+//! and [`ops`] for the operators' rows) and the schema-version rule
+//! ([`schema::check_version`]).
 //!
 //! Each driver keeps its own copy of every SQL statement, even one that
 //! reads the same in both dialects once placeholders are set aside: a
