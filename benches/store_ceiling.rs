@@ -21,7 +21,7 @@ use std::time::Instant;
 use rusqlite::{Connection, TransactionBehavior, params};
 use serde_json::{Value, json};
 use taskbroker::store::{
-    self, Durability, ResultKind, TaskOutcome, TaskStatus, ToolQuota, Write, Written,
+    self, Durability, OneWrite, ResultKind, TaskOutcome, TaskStatus, ToolQuota, Write, Written,
 };
 
 const LEASE_MS: i64 = 30_000;

@@ -28,7 +28,7 @@ use futures_util::FutureExt;
 use serde_json::{Value, json};
 use sqlx::{AssertSqlSafe, Connection, PgConnection, Row};
 use taskbroker::store::{
-    self, Durability, ResultKind, TaskOutcome, TaskStatus, ToolQuota, Write, Written,
+    self, Durability, OneWrite, ResultKind, TaskOutcome, TaskStatus, ToolQuota, Write, Written,
 };
 use taskbroker_postgres::FEED_LOCK_KEY;
 

@@ -61,9 +61,9 @@ use taskbroker::store::ops::{
 };
 use taskbroker::store::{
     self, AnswerOutcome, CancelOutcome, ClaimedJob, Driver, Durability, NewJob, NewSession,
-    NewTask, NewToken, NewWorker, QueueDepth, RescueReport, ResultKind, SchemaVersions, Store,
-    StoreError, TaskMessage, TaskOutcome, TaskRow, TaskStatus, ToolQuota, WorkerCounts, WorkerKind,
-    WorkerState, Write, Written,
+    NewTask, NewToken, NewWorker, OneWrite, QueueDepth, RescueReport, ResultKind, SchemaVersions,
+    Store, StoreError, TaskMessage, TaskOutcome, TaskRow, TaskStatus, ToolQuota, WorkerCounts,
+    WorkerKind, WorkerState, Write, Written,
 };
 use tempfile::TempDir;
 use tokio_util::sync::CancellationToken;

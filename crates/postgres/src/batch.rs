@@ -1,236 +1,256 @@
-//! Group commit: many writes in one transaction, so k task creations and
-//! completions cost one commit (one WAL flush) instead of k.
-//!
-//! Every statement is a round trip to the server, so a batch is first
-//! tried *grouped*: all its creations in two statements and all its
-//! completions in two, whatever their number (the rows travel as one JSON
-//! document read with `jsonb_to_recordset`, or as arrays read with
-//! `unnest`). A lost lease is not an error there (the fenced `UPDATE` just
-//! leaves that row out). Should a grouped statement fail (a trigger
-//! refusing one row, say), the transaction rolls back and the batch runs
-//! again *one by one*, each write in a savepoint of its own, so the failing
-//! write is rolled back alone and the rest commit. The same two passes as
-//! the SQLite driver, with the same results.
+//! The PostgreSQL statements of the group commit: a creation, a fenced
+//! completion and a claim one at a time, and creations and completions
+//! grouped (the two passes, the savepoints and the fan-out are shared:
+//! `taskbroker_storage::batch`).
+//! A batch that writes tasks takes the feed lock first (see `lock_feed`);
+//! the grouped statements read their rows from one JSON document with
+//! `jsonb_to_recordset`, or from arrays with `unnest`.
 
-use std::collections::{HashMap, HashSet};
-
+use async_trait::async_trait;
 use serde_json::{Value, json};
-use sqlx::PgConnection;
+use sqlx::{PgConnection, Postgres};
+use taskbroker_storage::batch::{GroupCommit, GroupedJob};
 use taskbroker_storage::text::{self, TaskText};
-use taskbroker_storage::{NewJob, NewTask, StoreError, TaskOutcome, TaskRow, Write, Written};
+use taskbroker_storage::{
+    ClaimedJob, NewJob, NewTask, StoreError, TaskOutcome, TaskRow, ToolQuota, Write,
+};
 
-use crate::jobs::{claim_in, complete_in};
-use crate::tasks::{as_served, create_in};
-use crate::{PostgresStore, lock_feed};
+use crate::{PostgresStore, TOOL_LOCK_CLASS, lock_feed};
 
-/// What one write came to, before the commit.
-type Done = Result<Written, StoreError>;
+#[async_trait]
+impl GroupCommit for PostgresStore {
+    type Database = Postgres;
 
-impl PostgresStore {
-    /// Run `writes` in one transaction: grouped first, one by one if a
-    /// grouped statement failed. Outer error: nothing committed.
-    pub(crate) async fn run_write_batch(
+    async fn begin_batch(
         &self,
         writes: &[Write],
-        now: i64,
-    ) -> Result<Vec<Done>, StoreError> {
-        let done = match self.run_batch(writes, now, true).await {
-            Ok(done) => done,
-            Err(e) => {
-                tracing::debug!(error = %e, writes = writes.len(), "grouped writes failed; one by one");
-                self.run_batch(writes, now, false).await?
-            }
-        };
-        let claimed: HashSet<i64> = done
-            .iter()
-            .filter_map(|d| match d {
-                Ok(Written::Claimed(jobs)) => Some(jobs.iter().map(|j| j.task_seq)),
-                _ => None,
-            })
-            .flatten()
-            .collect();
-        Ok(writes
-            .iter()
-            .zip(done)
-            .map(|(write, d)| match (write, d) {
-                (Write::Create { job, .. }, Ok(Written::Created(row))) => {
-                    let queued = job.is_some() && !claimed.contains(&row.seq);
-                    Ok(Written::Created(as_served(row, queued)))
-                }
-                (_, d) => d,
-            })
-            .collect())
-    }
-
-    /// One transaction over `writes`, grouped or one by one; the outcome of
-    /// each in order, valid only because the commit succeeded.
-    async fn run_batch(
-        &self,
-        writes: &[Write],
-        now: i64,
-        grouped: bool,
-    ) -> Result<Vec<Done>, StoreError> {
+    ) -> Result<sqlx::Transaction<'static, Postgres>, StoreError> {
         let mut tx = self.pool.begin().await?;
         // Creations and completions write tasks (and the feed): the feed
         // lock first. A batch of claims alone touches jobs only.
         if writes.iter().any(|w| !matches!(w, Write::Claim { .. })) {
             lock_feed(&mut tx).await?;
         }
-        let done = if grouped {
-            grouped_writes(&mut tx, writes, now).await?
-        } else {
-            let mut done = Vec::with_capacity(writes.len());
-            for write in writes {
-                done.push(one_write(&mut tx, write, now).await?);
-            }
-            done
-        };
-        tx.commit().await?;
-        Ok(done)
+        Ok(tx)
     }
-}
 
-/// One write in a savepoint of its own: rolled back alone when it fails.
-async fn one_write(conn: &mut PgConnection, op: &Write, now: i64) -> Result<Done, StoreError> {
-    let mut sp = sqlx::Connection::begin(&mut *conn).await?;
-    let (ok, done) = match op {
-        Write::Create {
-            new, job, outcome, ..
-        } => {
-            let r = create_in(&mut sp, new, *job, outcome.as_ref(), now).await;
-            (r.is_ok(), r.map(Written::Created))
+    /// The statements of one creation (`Write::Create`), inside the caller's
+    /// transaction (which holds the feed lock). The row as stored: the caller
+    /// applies [`as_served`].
+    async fn create_one(
+        conn: &mut PgConnection,
+        new: &NewTask,
+        job: Option<NewJob>,
+        outcome: Option<&TaskOutcome>,
+        now: i64,
+    ) -> Result<TaskRow, StoreError> {
+        let expires_at = new.ttl_ms.map(|ttl| now.saturating_add(ttl));
+        let seq = sqlx::query_scalar!(
+            r#"INSERT INTO tasks (task_id, owner, tool, arguments, status, created_at, updated_at,
+                              ttl_ms, expires_at, poll_interval_ms, progress_token, session_id,
+                              client_capabilities)
+           VALUES ($1, $2, $3, $4, 'working', $5, $5, $6, $7, $8, $9, $10, $11)
+           RETURNING seq"#,
+            new.task_id,
+            new.owner,
+            new.tool,
+            new.arguments,
+            now,
+            new.ttl_ms,
+            expires_at,
+            new.poll_interval_ms,
+            new.progress_token,
+            new.session_id,
+            new.client_capabilities,
+        )
+        .fetch_one(&mut *conn)
+        .await?;
+        if let Some(job) = job {
+            sqlx::query!(
+                "INSERT INTO jobs (task_seq, tool, max_attempts, priority, run_after) VALUES ($1, $2, $3, $4, $5)",
+                seq,
+                new.tool,
+                job.max_attempts,
+                job.priority,
+                now
+            )
+            .execute(&mut *conn)
+            .await?;
         }
-        Write::Complete {
+        if let Some(outcome) = outcome {
+            sqlx::query!(
+                "UPDATE tasks SET status = $1, status_message = $2, result = $3, result_kind = $4,
+                              tool_error = $5, updated_at = $6
+              WHERE seq = $7",
+                outcome.status.as_str(),
+                outcome.status_message,
+                outcome.result,
+                outcome.result_kind.as_str(),
+                outcome.tool_error,
+                now,
+                seq
+            )
+            .execute(&mut *conn)
+            .await?;
+        }
+        stored_task(conn, seq).await
+    }
+
+    /// The statements of one completion (`Write::Complete`), inside the
+    /// caller's transaction (which holds the feed lock). `LeaseLost` (and
+    /// nothing written) when the token no longer holds the job.
+    async fn complete_one(
+        conn: &mut PgConnection,
+        task_seq: i64,
+        lease_token: &str,
+        outcome: &TaskOutcome,
+        now: i64,
+    ) -> Result<bool, StoreError> {
+        let fenced = sqlx::query!(
+            "UPDATE jobs SET state = 'done', lease_token = NULL, lease_expires_at = NULL,
+                finished_at = $1, changed_at = $1, last_error = NULL
+          WHERE task_seq = $2 AND lease_token = $3 AND state = 'running'",
+            now,
             task_seq,
-            lease_token,
-            outcome,
-            ..
-        } => {
-            let r = complete_in(&mut sp, *task_seq, lease_token, outcome, now).await;
-            (r.is_ok(), r.map(Written::Completed))
+            lease_token
+        )
+        .execute(&mut *conn)
+        .await?;
+        if fenced.rows_affected() == 0 {
+            return Err(StoreError::LeaseLost);
         }
-        Write::Claim {
+        let updated = sqlx::query!(
+            "UPDATE tasks SET status = $1, status_message = $2, result = $3, result_kind = $4,
+                tool_error = $5, updated_at = GREATEST(updated_at, $6)
+          WHERE seq = $7 AND status IN ('working', 'input_required')",
+            outcome.status.as_str(),
+            outcome.status_message,
+            outcome.result,
+            outcome.result_kind.as_str(),
+            outcome.tool_error,
+            now,
+            task_seq
+        )
+        .execute(&mut *conn)
+        .await?;
+        Ok(updated.rows_affected() == 1)
+    }
+
+    /// The statement of one claim (`Write::Claim`), inside the group commit's
+    /// transaction.
+    ///
+    /// Each tool may take `min(free, global - running)` jobs (`cap`). The claim
+    /// walks the queue by priority then age over tools whose cap is above zero
+    /// only, reading at most `4 * limit` jobs (the `head`, locked with `FOR
+    /// UPDATE SKIP LOCKED`: jobs another claim holds are passed over, and the
+    /// head's rows stay locked until this transaction ends), and takes from it
+    /// up to each tool's cap: a tool at its limit is skipped in the index, so
+    /// it delays no other tool; each claim takes at least the head's first job,
+    /// so every tool with room is reached within a few claims. A globally
+    /// limited tool's running jobs are counted under that tool's advisory lock,
+    /// held until the claim commits, so the global limit holds whatever the
+    /// number of processes.
+    async fn claim(
+        conn: &mut PgConnection,
+        worker: &str,
+        lease_token: &str,
+        quotas: &[ToolQuota],
+        limit: i64,
+        lease_ms: i64,
+        now: i64,
+    ) -> Result<Vec<ClaimedJob>, StoreError> {
+        if limit <= 0 || quotas.iter().all(|q| q.free <= 0) {
+            return Ok(Vec::new());
+        }
+        // In one order (the keys sorted), so that two claims never wait for
+        // each other's locks in a cycle.
+        let mut keys: Vec<i32> = quotas
+            .iter()
+            .filter(|q| q.free > 0 && q.global.is_some())
+            .map(|q| tool_lock_key(&q.tool))
+            .collect();
+        keys.sort_unstable();
+        keys.dedup();
+        for key in keys {
+            sqlx::query!("SELECT pg_advisory_xact_lock($1, $2)", TOOL_LOCK_CLASS, key)
+                .execute(&mut *conn)
+                .await?;
+        }
+        // Candidates are locked (SKIP LOCKED) until this transaction commits, so
+        // other claimers skip them: lock no more than this claim can take. Only
+        // when a tool's quota may bind does the claim need a wider window (4x)
+        // to find jobs of other tools behind the capped one's.
+        let binding = quotas
+            .iter()
+            .any(|q| q.free > 0 && (q.free < limit || q.global.is_some()));
+        let head = if binding {
+            limit.saturating_mul(4)
+        } else {
+            limit
+        };
+        let lease_expires_at = now + lease_ms;
+        let quotas = Value::Array(
+            quotas
+                .iter()
+                .filter(|q| q.free > 0)
+                .map(|q| json!({ "tool": q.tool, "free": q.free, "global_limit": q.global }))
+                .collect(),
+        );
+        let mut jobs = sqlx::query_as!(
+            ClaimedJob,
+            r#"WITH quota AS (SELECT tool, free, global_limit
+                            FROM jsonb_to_recordset($6::jsonb)
+                                 AS q(tool text, free bigint, global_limit bigint)),
+                running AS (SELECT r.tool, count(*) AS n
+                              FROM jobs r JOIN tasks t ON t.seq = r.task_seq
+                             WHERE r.state = 'running' AND t.status = 'working'
+                               AND r.tool IN (SELECT tool FROM quota WHERE global_limit IS NOT NULL)
+                             GROUP BY r.tool),
+                cap AS (SELECT q.tool,
+                               LEAST(q.free, COALESCE(q.global_limit - COALESCE(r.n, 0), q.free)) AS n
+                          FROM quota q LEFT JOIN running r ON r.tool = q.tool),
+                head AS (SELECT task_seq, priority, tool FROM jobs
+                          WHERE state = 'queued' AND run_after <= $4
+                            AND tool IN (SELECT tool FROM cap WHERE n > 0)
+                          ORDER BY priority, task_seq LIMIT $7
+                          FOR UPDATE SKIP LOCKED),
+                ranked AS (SELECT task_seq, priority, tool,
+                                  row_number() OVER (PARTITION BY tool ORDER BY priority, task_seq) AS rn
+                             FROM head),
+                picked AS (SELECT k.task_seq FROM ranked k JOIN cap c ON c.tool = k.tool
+                            WHERE k.rn <= c.n
+                            ORDER BY k.priority, k.task_seq LIMIT $5)
+           UPDATE jobs SET state = 'running', attempt = attempt + 1, lease_owner = $1,
+                  lease_token = $2, lease_expires_at = $3, changed_at = $4
+             FROM tasks t
+            WHERE jobs.task_seq IN (SELECT task_seq FROM picked) AND jobs.state = 'queued'
+              AND t.seq = jobs.task_seq
+           RETURNING jobs.task_seq AS "task_seq!", t.task_id AS "task_id!", jobs.tool AS "tool!",
+                     t.arguments AS "arguments!", t.progress_token AS "progress_token?",
+                     jobs.attempt AS "attempt!", jobs.max_attempts AS "max_attempts!",
+                     jobs.priority AS "priority!", jobs.lease_token AS "lease_token!""#,
             worker,
             lease_token,
-            quotas,
+            lease_expires_at,
+            now,
             limit,
-            lease_ms,
-            ..
-        } => {
-            let r = claim_in(&mut sp, worker, lease_token, quotas, *limit, *lease_ms, now).await;
-            (r.is_ok(), r.map(Written::Claimed))
-        }
-    };
-    if ok {
-        sp.commit().await?;
-    } else {
-        sp.rollback().await?;
+            quotas,
+            head
+        )
+        .fetch_all(&mut *conn)
+        .await?;
+        jobs.sort_by_key(|j| (j.priority, j.task_seq));
+        Ok(jobs)
     }
-    Ok(done)
-}
 
-/// The whole batch in at most four statements, plus one per claim (and one
-/// savepoint-guarded write per creation that records an immediate outcome,
-/// which is rare).
-/// Any error means: roll back and go one by one.
-async fn grouped_writes(
-    conn: &mut PgConnection,
-    ops: &[Write],
-    now: i64,
-) -> Result<Vec<Done>, StoreError> {
-    let mut new_tasks = Vec::new();
-    let mut completions = Vec::new();
-    let mut seqs = HashSet::new();
-    for op in ops {
-        match op {
-            Write::Create {
-                new,
-                job: Some(job),
-                outcome: None,
-                ..
-            } => new_tasks.push((new, *job)),
-            Write::Create { .. } => {}
-            Write::Complete {
-                task_seq,
-                lease_token,
-                outcome,
-                ..
-            } => {
-                // The same job twice in one batch: only one by one tells
-                // which of the two holds the lease.
-                if !seqs.insert(*task_seq) {
-                    return Err(StoreError::Batch("one job completed twice".into()));
-                }
-                completions.push((*task_seq, lease_token.as_str(), outcome));
-            }
-            Write::Claim { .. } => {}
-        }
-    }
-    let mut created = create_many(conn, &new_tasks, now).await?;
-    let took = complete_many(conn, &completions, now).await?;
-    let mut done = Vec::with_capacity(ops.len());
-    for op in ops {
-        done.push(match op {
-            Write::Create {
-                new,
-                job: Some(_),
-                outcome: None,
-                ..
-            } => created
-                .remove(&new.task_id)
-                .map(Written::Created)
-                .ok_or_else(|| StoreError::Batch("a grouped insert lost a row".into())),
-            Write::Create { .. } => one_write(conn, op, now).await?,
-            Write::Complete { task_seq, .. } => match took.get(task_seq) {
-                Some(took) => Ok(Written::Completed(*took)),
-                None => Err(StoreError::LeaseLost),
-            },
-            // After the creations: a claim sees the batch's new jobs.
-            Write::Claim {
-                worker,
-                lease_token,
-                quotas,
-                limit,
-                lease_ms,
-                ..
-            } => Ok(Written::Claimed(
-                claim_in(conn, worker, lease_token, quotas, *limit, *lease_ms, now).await?,
-            )),
-        });
-    }
-    Ok(done)
-}
-
-/// Insert tasks and their jobs, two statements for all of them; the new
-/// rows (as stored) by task id.
-async fn create_many(
-    conn: &mut PgConnection,
-    items: &[(&NewTask, NewJob)],
-    now: i64,
-) -> Result<HashMap<String, TaskRow>, StoreError> {
-    if items.is_empty() {
-        return Ok(HashMap::new());
-    }
-    let tasks: Vec<Value> = items
-        .iter()
-        .map(|(t, _)| {
-            json!({
-                "task_id": t.task_id,
-                "owner": t.owner,
-                "tool": t.tool,
-                "arguments": t.arguments,
-                "ttl_ms": t.ttl_ms,
-                "expires_at": t.ttl_ms.map(|ttl| now.saturating_add(ttl)),
-                "poll_interval_ms": t.poll_interval_ms,
-                "progress_token": t.progress_token,
-                "session_id": t.session_id,
-                "client_capabilities": t.client_capabilities,
-            })
-        })
-        .collect();
-    let rows = sqlx::query_as!(
-        TaskText,
-        r#"INSERT INTO tasks (task_id, owner, tool, arguments, status, created_at, updated_at,
+    async fn insert_tasks(
+        conn: &mut PgConnection,
+        tasks: Value,
+        now: i64,
+    ) -> Result<Vec<TaskRow>, StoreError> {
+        let rows = sqlx::query_as!(
+            TaskText,
+            r#"INSERT INTO tasks (task_id, owner, tool, arguments, status, created_at, updated_at,
                               ttl_ms, expires_at, poll_interval_ms, progress_token, session_id,
                               client_capabilities)
            SELECT c.task_id, c.owner, c.tool, c.arguments, 'working', $1, $1, c.ttl_ms,
@@ -243,101 +263,67 @@ async fn create_many(
            RETURNING seq, task_id, owner, tool, arguments, status, status_message, created_at,
                      updated_at, ttl_ms, expires_at, poll_interval_ms, progress_token, result,
                      result_kind, tool_error"#,
-        now,
-        Value::Array(tasks)
-    )
-    .fetch_all(&mut *conn)
-    .await?;
-    let rows: Vec<TaskRow> = text::rows(rows)?;
-    let job_of: HashMap<&str, NewJob> = items
-        .iter()
-        .map(|(t, j)| (t.task_id.as_str(), *j))
-        .collect();
-    let mut seqs = Vec::with_capacity(rows.len());
-    let mut tools = Vec::with_capacity(rows.len());
-    let mut max_attempts = Vec::with_capacity(rows.len());
-    let mut priorities = Vec::with_capacity(rows.len());
-    for row in &rows {
-        let job = job_of
-            .get(row.task_id.as_str())
-            .ok_or_else(|| StoreError::Batch("a grouped insert returned a stranger".into()))?;
-        seqs.push(row.seq);
-        tools.push(row.tool.clone());
-        max_attempts.push(job.max_attempts);
-        priorities.push(job.priority);
+            now,
+            tasks
+        )
+        .fetch_all(conn)
+        .await?;
+        text::rows(rows)
     }
-    let inserted = sqlx::query!(
-        "INSERT INTO jobs (task_seq, tool, max_attempts, priority, run_after)
+
+    async fn insert_jobs(
+        conn: &mut PgConnection,
+        jobs: &[GroupedJob<'_>],
+        now: i64,
+    ) -> Result<u64, StoreError> {
+        let seqs: Vec<i64> = jobs.iter().map(|j| j.task_seq).collect();
+        let tools: Vec<String> = jobs.iter().map(|j| j.tool.to_owned()).collect();
+        let max_attempts: Vec<i64> = jobs.iter().map(|j| j.job.max_attempts).collect();
+        let priorities: Vec<i64> = jobs.iter().map(|j| j.job.priority).collect();
+        let inserted = sqlx::query!(
+            "INSERT INTO jobs (task_seq, tool, max_attempts, priority, run_after)
          SELECT c.seq, c.tool, c.max_attempts, c.priority, $1
            FROM unnest($2::bigint[], $3::text[], $4::bigint[], $5::bigint[])
                 AS c(seq, tool, max_attempts, priority)",
-        now,
-        &seqs,
-        &tools,
-        &max_attempts,
-        &priorities
-    )
-    .execute(&mut *conn)
-    .await?;
-    if rows.len() != items.len() || inserted.rows_affected() != items.len() as u64 {
-        return Err(StoreError::Batch(format!(
-            "grouped insert wrote {} tasks and {} jobs for {}",
-            rows.len(),
-            inserted.rows_affected(),
-            items.len()
-        )));
+            now,
+            &seqs,
+            &tools,
+            &max_attempts,
+            &priorities
+        )
+        .execute(conn)
+        .await?;
+        Ok(inserted.rows_affected())
     }
-    Ok(rows.into_iter().map(|r| (r.task_id.clone(), r)).collect())
-}
 
-/// Finish jobs (fenced by their lease tokens) and record their tasks'
-/// outcomes, two statements for all of them. For each job whose lease
-/// held: whether its task took the outcome (false when already terminal).
-/// A job missing from the answer lost its lease.
-async fn complete_many(
-    conn: &mut PgConnection,
-    items: &[(i64, &str, &TaskOutcome)],
-    now: i64,
-) -> Result<HashMap<i64, bool>, StoreError> {
-    if items.is_empty() {
-        return Ok(HashMap::new());
-    }
-    let seqs: Vec<i64> = items.iter().map(|(seq, _, _)| *seq).collect();
-    let tokens: Vec<String> = items.iter().map(|(_, t, _)| (*t).to_owned()).collect();
-    let fenced: HashSet<i64> = sqlx::query_scalar!(
-        "UPDATE jobs SET state = 'done', lease_token = NULL, lease_expires_at = NULL,
+    async fn finish_jobs(
+        conn: &mut PgConnection,
+        leases: &[(i64, &str)],
+        now: i64,
+    ) -> Result<Vec<i64>, StoreError> {
+        let seqs: Vec<i64> = leases.iter().map(|(seq, _)| *seq).collect();
+        let tokens: Vec<String> = leases.iter().map(|(_, t)| (*t).to_owned()).collect();
+        Ok(sqlx::query_scalar!(
+            "UPDATE jobs SET state = 'done', lease_token = NULL, lease_expires_at = NULL,
                 finished_at = $1, changed_at = $1, last_error = NULL
            FROM unnest($2::bigint[], $3::text[]) AS c(seq, token)
           WHERE jobs.task_seq = c.seq AND jobs.lease_token = c.token AND jobs.state = 'running'
          RETURNING jobs.task_seq",
-        now,
-        &seqs,
-        &tokens
-    )
-    .fetch_all(&mut *conn)
-    .await?
-    .into_iter()
-    .collect();
-    let outcomes: Vec<Value> = items
-        .iter()
-        .filter(|(seq, _, _)| fenced.contains(seq))
-        .map(|(seq, _, o)| {
-            json!({
-                "seq": seq,
-                "status": o.status.as_str(),
-                "message": o.status_message,
-                "result": o.result,
-                "kind": o.result_kind.as_str(),
-                "tool_error": o.tool_error,
-            })
-        })
-        .collect();
-    let mut took: HashMap<i64, bool> = fenced.iter().map(|seq| (*seq, false)).collect();
-    if outcomes.is_empty() {
-        return Ok(took);
+            now,
+            &seqs,
+            &tokens
+        )
+        .fetch_all(conn)
+        .await?)
     }
-    let updated = sqlx::query_scalar!(
-        "UPDATE tasks SET status = c.status, status_message = c.message, result = c.result,
+
+    async fn record_outcomes(
+        conn: &mut PgConnection,
+        outcomes: Value,
+        now: i64,
+    ) -> Result<Vec<i64>, StoreError> {
+        Ok(sqlx::query_scalar!(
+            "UPDATE tasks SET status = c.status, status_message = c.message, result = c.result,
                 result_kind = c.kind, tool_error = c.tool_error,
                 updated_at = GREATEST(tasks.updated_at, $1)
            FROM jsonb_to_recordset($2::jsonb)
@@ -345,13 +331,36 @@ async fn complete_many(
                      tool_error boolean)
           WHERE tasks.seq = c.seq AND tasks.status IN ('working', 'input_required')
          RETURNING tasks.seq",
-        now,
-        Value::Array(outcomes)
-    )
-    .fetch_all(&mut *conn)
-    .await?;
-    for seq in updated {
-        took.insert(seq, true);
+            now,
+            outcomes
+        )
+        .fetch_all(conn)
+        .await?)
     }
-    Ok(took)
+}
+
+/// The second key of a tool's advisory lock: FNV-1a of its name (a
+/// collision only makes two tools' claims take turns).
+fn tool_lock_key(tool: &str) -> i32 {
+    let mut hash: u32 = 0x811c_9dc5;
+    for byte in tool.bytes() {
+        hash ^= u32::from(byte);
+        hash = hash.wrapping_mul(0x0100_0193);
+    }
+    i32::from_ne_bytes(hash.to_ne_bytes())
+}
+
+/// A task as stored (not as served: see [`as_served`]).
+async fn stored_task(conn: &mut PgConnection, seq: i64) -> Result<TaskRow, StoreError> {
+    let row = sqlx::query_as!(
+        TaskText,
+        "SELECT seq, task_id, owner, tool, arguments, status, status_message,
+                created_at, updated_at, ttl_ms, expires_at, poll_interval_ms,
+                progress_token, result, result_kind, tool_error
+           FROM tasks WHERE seq = $1",
+        seq
+    )
+    .fetch_one(conn)
+    .await?;
+    row.try_into()
 }

@@ -291,7 +291,7 @@ impl Storage for PostgresStore {
         writes: &[Write],
         now: i64,
     ) -> Result<Vec<Result<Written, StoreError>>, StoreError> {
-        self.run_write_batch(writes, now).await
+        taskbroker_storage::batch::write_batch(self, writes, now).await
     }
 
     async fn change_feed(

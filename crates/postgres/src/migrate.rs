@@ -78,9 +78,8 @@ pub(super) fn known_version() -> i64 {
         .unwrap_or(0)
 }
 
-/// Refuse a database whose schema is not exactly the one this build knows:
-/// newer needs a newer taskbroker; older (or none) needs `taskbroker
-/// migrate` (or `serve`), so that workers never race to migrate.
+/// Refuse a database whose schema is not exactly the one this build knows
+/// (`taskbroker_storage::schema::check_version`).
 pub(super) async fn check(url: &str, conn: &mut PgConnection) -> Result<(), StoreError> {
     let known = known_version();
     let has_history = sqlx::query_scalar!(
@@ -97,20 +96,7 @@ pub(super) async fn check(url: &str, conn: &mut PgConnection) -> Result<(), Stor
         None
     };
     let db = without_password(url);
-    let schema = |reason: String| StoreError::Schema(format!("database {db}: {reason}"));
-    let not_migrated = |reason: String| StoreError::NotMigrated(format!("database {db}: {reason}"));
-    match applied.map(i64::from) {
-        Some(v) if v == known => Ok(()),
-        Some(v) if v > known => Err(schema(format!(
-            "its schema (version {v}) is newer than this taskbroker knows ({known}) (upgrade taskbroker)"
-        ))),
-        Some(v) => Err(not_migrated(format!(
-            "its schema (version {v}) is older than this taskbroker's ({known}) (run 'taskbroker migrate --db {db}', or start 'taskbroker serve --db {db}' once)"
-        ))),
-        None => Err(not_migrated(format!(
-            "it has no taskbroker schema yet (run 'taskbroker migrate --db {db}', or start 'taskbroker serve --db {db}' once)"
-        ))),
-    }
+    taskbroker_storage::schema::check_version(&db, applied.map(i64::from), known)
 }
 
 /// Apply every pending migration; returns how many were applied.

@@ -1,4 +1,5 @@
-//! SQL for `tasks` and `task_events`.
+//! SQL for `tasks` and `task_events` (creations are writes of the group
+//! commit: `batch.rs`).
 
 use async_trait::async_trait;
 use sqlx::PgConnection;
@@ -9,23 +10,6 @@ use crate::{PostgresStore, begin_feed};
 
 #[async_trait]
 impl TaskStore for PostgresStore {
-    /// Insert a task (status working) and, when given, its job, in one
-    /// transaction. When `outcome` is given the task is finished in the same
-    /// transaction (a call refused before it could run, such as arguments
-    /// that fail the tool's schema): history still shows working -> failed.
-    async fn task_create(
-        &self,
-        new: &NewTask,
-        job: Option<NewJob>,
-        outcome: Option<&TaskOutcome>,
-        now: i64,
-    ) -> Result<TaskRow, StoreError> {
-        let mut tx = begin_feed(&self.pool).await?;
-        let row = create_in(&mut tx, new, job, outcome, now).await?;
-        tx.commit().await?;
-        Ok(as_served(row, job.is_some()))
-    }
-
     /// One task by id, whoever owns it (the caller checks ownership).
     async fn task_get(&self, task_id: &str) -> Result<Option<TaskRow>, StoreError> {
         let mut conn = self.pool.acquire().await?;
@@ -84,10 +68,7 @@ impl TaskStore for PostgresStore {
         let Some(current) = current else {
             return Ok(CancelOutcome::NotFound);
         };
-        let status: TaskStatus = current
-            .status
-            .parse()
-            .map_err(|e| StoreError::Decode(format!("tasks.status: {e}")))?;
+        let status = text::status("tasks.status", &current.status)?;
         if status.is_terminal() {
             return Ok(CancelOutcome::Terminal(status));
         }
@@ -312,94 +293,6 @@ impl PostgresStore {
         .await?;
         text::rows(rows)
     }
-}
-
-/// The statements of `task_create`, inside the caller's transaction (which
-/// holds the feed lock). The row as stored: the caller applies
-/// [`as_served`].
-pub(super) async fn create_in(
-    conn: &mut PgConnection,
-    new: &NewTask,
-    job: Option<NewJob>,
-    outcome: Option<&TaskOutcome>,
-    now: i64,
-) -> Result<TaskRow, StoreError> {
-    let expires_at = new.ttl_ms.map(|ttl| now.saturating_add(ttl));
-    let seq = sqlx::query_scalar!(
-        r#"INSERT INTO tasks (task_id, owner, tool, arguments, status, created_at, updated_at,
-                              ttl_ms, expires_at, poll_interval_ms, progress_token, session_id,
-                              client_capabilities)
-           VALUES ($1, $2, $3, $4, 'working', $5, $5, $6, $7, $8, $9, $10, $11)
-           RETURNING seq"#,
-        new.task_id,
-        new.owner,
-        new.tool,
-        new.arguments,
-        now,
-        new.ttl_ms,
-        expires_at,
-        new.poll_interval_ms,
-        new.progress_token,
-        new.session_id,
-        new.client_capabilities,
-    )
-    .fetch_one(&mut *conn)
-    .await?;
-    if let Some(job) = job {
-        sqlx::query!(
-            "INSERT INTO jobs (task_seq, tool, max_attempts, priority, run_after) VALUES ($1, $2, $3, $4, $5)",
-            seq,
-            new.tool,
-            job.max_attempts,
-            job.priority,
-            now
-        )
-        .execute(&mut *conn)
-        .await?;
-    }
-    if let Some(outcome) = outcome {
-        sqlx::query!(
-            "UPDATE tasks SET status = $1, status_message = $2, result = $3, result_kind = $4,
-                              tool_error = $5, updated_at = $6
-              WHERE seq = $7",
-            outcome.status.as_str(),
-            outcome.status_message,
-            outcome.result,
-            outcome.result_kind.as_str(),
-            outcome.tool_error,
-            now,
-            seq
-        )
-        .execute(&mut *conn)
-        .await?;
-    }
-    stored_task(conn, seq).await
-}
-
-/// A just-created row as reads of `tasks_as_served` will show it: while
-/// its job waits in the queue (`queued`: created with a job that no claim
-/// of the same commit took), a working task's statusMessage says so. The
-/// same rule as the view's, for rows returned by the insert itself.
-pub(super) fn as_served(mut row: TaskRow, queued: bool) -> TaskRow {
-    if queued && row.status == TaskStatus::Working {
-        row.status_message = Some("queued".to_owned());
-    }
-    row
-}
-
-/// A task as stored (not as served: see [`as_served`]).
-async fn stored_task(conn: &mut PgConnection, seq: i64) -> Result<TaskRow, StoreError> {
-    let row = sqlx::query_as!(
-        TaskText,
-        "SELECT seq, task_id, owner, tool, arguments, status, status_message,
-                created_at, updated_at, ttl_ms, expires_at, poll_interval_ms,
-                progress_token, result, result_kind, tool_error
-           FROM tasks WHERE seq = $1",
-        seq
-    )
-    .fetch_one(conn)
-    .await?;
-    row.try_into()
 }
 
 /// A task as served (`tasks_as_served`).

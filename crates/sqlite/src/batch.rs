@@ -1,231 +1,224 @@
-//! Group commit: many writes in one `BEGIN IMMEDIATE` transaction, so k
-//! task creations and completions cost one fsync instead of k.
-//!
-//! Every statement through sqlx is a round trip to the connection's thread
-//! (tens of microseconds), and the writer is a single queue, so a batch is
-//! first tried *grouped*: all its creations in two statements and all its
-//! completions in two, whatever their number (the rows travel as one JSON
-//! array read with `json_each`). A lost lease is not an error there (the
-//! fenced `UPDATE` just leaves that row out). Should a grouped statement
-//! fail (a trigger refusing one row, say), the transaction rolls back and
-//! the batch runs again *one by one*, each write in a savepoint of its own,
-//! so the failing write is rolled back alone and the rest commit.
+//! The SQLite statements of the group commit: a creation, a fenced
+//! completion and a claim one at a time, and creations and completions
+//! grouped (the two passes, the savepoints and the fan-out are shared:
+//! `taskbroker_storage::batch`).
+//! A batch opens with `BEGIN IMMEDIATE`, so it takes the write lock first
+//! and never has to upgrade; the grouped statements read their rows from
+//! one JSON array with `json_each`.
 
-use std::collections::{HashMap, HashSet};
-
+use async_trait::async_trait;
 use serde_json::{Value, json};
-use sqlx::SqliteConnection;
+use sqlx::{Sqlite, SqliteConnection};
+use taskbroker_storage::batch::{GroupCommit, GroupedJob};
 use taskbroker_storage::text::{self, TaskText};
-use taskbroker_storage::{NewJob, NewTask, StoreError, TaskOutcome, TaskRow, Write, Written};
+use taskbroker_storage::{
+    ClaimedJob, NewJob, NewTask, StoreError, TaskOutcome, TaskRow, ToolQuota, Write,
+};
 
-use crate::jobs::{claim_in, complete_in};
-use crate::tasks::{as_served, create_in};
+use crate::tasks::task_by_seq;
 use crate::{BEGIN_IMMEDIATE, SqliteStore};
 
-/// What one write came to, before the commit.
-type Done = Result<Written, StoreError>;
+#[async_trait]
+impl GroupCommit for SqliteStore {
+    type Database = Sqlite;
 
-impl SqliteStore {
-    /// Run `writes` in one transaction: grouped first, one by one if a
-    /// grouped statement failed. Outer error: nothing committed.
-    pub(crate) async fn run_write_batch(
+    async fn begin_batch(
         &self,
-        writes: &[Write],
-        now: i64,
-    ) -> Result<Vec<Done>, StoreError> {
-        let done = match self.run_batch(writes, now, true).await {
-            Ok(done) => done,
-            Err(e) => {
-                tracing::debug!(error = %e, writes = writes.len(), "grouped writes failed; one by one");
-                self.run_batch(writes, now, false).await?
-            }
-        };
-        let claimed: HashSet<i64> = done
-            .iter()
-            .filter_map(|d| match d {
-                Ok(Written::Claimed(jobs)) => Some(jobs.iter().map(|j| j.task_seq)),
-                _ => None,
-            })
-            .flatten()
-            .collect();
-        Ok(writes
-            .iter()
-            .zip(done)
-            .map(|(write, d)| match (write, d) {
-                (Write::Create { job, .. }, Ok(Written::Created(row))) => {
-                    let queued = job.is_some() && !claimed.contains(&row.seq);
-                    Ok(Written::Created(as_served(row, queued)))
-                }
-                (_, d) => d,
-            })
-            .collect())
+        _writes: &[Write],
+    ) -> Result<sqlx::Transaction<'static, Sqlite>, StoreError> {
+        Ok(self.write.begin_with(BEGIN_IMMEDIATE).await?)
     }
 
-    /// One transaction over `writes`, grouped or one by one; the outcome of
-    /// each in order, valid only because the commit succeeded.
-    async fn run_batch(
-        &self,
-        writes: &[Write],
+    /// The statements of one creation (`Write::Create`), inside the caller's
+    /// transaction; the row as `tasks_as_served` reads it there.
+    async fn create_one(
+        conn: &mut sqlx::SqliteConnection,
+        new: &NewTask,
+        job: Option<NewJob>,
+        outcome: Option<&TaskOutcome>,
         now: i64,
-        grouped: bool,
-    ) -> Result<Vec<Done>, StoreError> {
-        let mut tx = self.write.begin_with(BEGIN_IMMEDIATE).await?;
-        let done = if grouped {
-            grouped_writes(&mut tx, writes, now).await?
-        } else {
-            let mut done = Vec::with_capacity(writes.len());
-            for write in writes {
-                done.push(one_write(&mut tx, write, now).await?);
-            }
-            done
-        };
-        tx.commit().await?;
-        Ok(done)
-    }
-}
-
-/// One write in a savepoint of its own: rolled back alone when it fails.
-async fn one_write(conn: &mut SqliteConnection, op: &Write, now: i64) -> Result<Done, StoreError> {
-    let mut sp = sqlx::Connection::begin(&mut *conn).await?;
-    let (ok, done) = match op {
-        Write::Create {
-            new, job, outcome, ..
-        } => {
-            let r = create_in(&mut sp, new, *job, outcome.as_ref(), now).await;
-            (r.is_ok(), r.map(Written::Created))
+    ) -> Result<TaskRow, StoreError> {
+        let expires_at = new.ttl_ms.map(|ttl| now.saturating_add(ttl));
+        let seq = sqlx::query_scalar!(
+            r#"INSERT INTO tasks (task_id, owner, tool, arguments, status, created_at, updated_at,
+                              ttl_ms, expires_at, poll_interval_ms, progress_token, session_id,
+                              client_capabilities)
+           VALUES (?, ?, ?, ?, 'working', ?, ?, ?, ?, ?, ?, ?, ?)
+           RETURNING seq"#,
+            new.task_id,
+            new.owner,
+            new.tool,
+            new.arguments,
+            now,
+            now,
+            new.ttl_ms,
+            expires_at,
+            new.poll_interval_ms,
+            new.progress_token,
+            new.session_id,
+            new.client_capabilities,
+        )
+        .fetch_one(&mut *conn)
+        .await?;
+        if let Some(job) = job {
+            sqlx::query!(
+                "INSERT INTO jobs (task_seq, tool, max_attempts, priority, run_after) VALUES (?, ?, ?, ?, ?)",
+                seq,
+                new.tool,
+                job.max_attempts,
+                job.priority,
+                now
+            )
+            .execute(&mut *conn)
+            .await?;
         }
-        Write::Complete {
+        if let Some(outcome) = outcome {
+            sqlx::query!(
+                "UPDATE tasks SET status = ?, status_message = ?, result = ?, result_kind = ?,
+                              tool_error = ?, updated_at = ?
+              WHERE seq = ?",
+                outcome.status.as_str(),
+                outcome.status_message,
+                outcome.result,
+                outcome.result_kind.as_str(),
+                outcome.tool_error,
+                now,
+                seq
+            )
+            .execute(&mut *conn)
+            .await?;
+        }
+        task_by_seq(conn, seq).await
+    }
+
+    /// The statements of one completion (`Write::Complete`), inside the
+    /// caller's transaction. `LeaseLost` (and nothing written) when the token
+    /// no longer holds the job.
+    async fn complete_one(
+        conn: &mut sqlx::SqliteConnection,
+        task_seq: i64,
+        lease_token: &str,
+        outcome: &TaskOutcome,
+        now: i64,
+    ) -> Result<bool, StoreError> {
+        let fenced = sqlx::query!(
+            "UPDATE jobs SET state = 'done', lease_token = NULL, lease_expires_at = NULL,
+                finished_at = ?1, changed_at = ?1, last_error = NULL
+          WHERE task_seq = ?2 AND lease_token = ?3 AND state = 'running'",
+            now,
             task_seq,
-            lease_token,
-            outcome,
-            ..
-        } => {
-            let r = complete_in(&mut sp, *task_seq, lease_token, outcome, now).await;
-            (r.is_ok(), r.map(Written::Completed))
+            lease_token
+        )
+        .execute(&mut *conn)
+        .await?;
+        if fenced.rows_affected() == 0 {
+            return Err(StoreError::LeaseLost);
         }
-        Write::Claim {
+        let updated = sqlx::query!(
+            "UPDATE tasks SET status = ?, status_message = ?, result = ?, result_kind = ?,
+                tool_error = ?, updated_at = MAX(updated_at, ?)
+          WHERE seq = ? AND status IN ('working', 'input_required')",
+            outcome.status.as_str(),
+            outcome.status_message,
+            outcome.result,
+            outcome.result_kind.as_str(),
+            outcome.tool_error,
+            now,
+            task_seq
+        )
+        .execute(&mut *conn)
+        .await?;
+        Ok(updated.rows_affected() == 1)
+    }
+
+    /// The statement of one claim (`Write::Claim`), inside the group commit's
+    /// transaction.
+    ///
+    /// Each tool may take `min(free, global - running)` jobs (`cap`). The claim
+    /// walks the queue by priority then age over tools whose cap is above zero
+    /// only, reading at most `4 * limit` jobs (the `head`), and takes from it up
+    /// to each tool's cap: a tool at its limit is skipped in the index, so it
+    /// delays no other tool; each claim takes at least the head's first job, so
+    /// every tool with room is reached within a few claims. The running count
+    /// of a globally limited tool is read in the same write transaction as the
+    /// claim, so the global limit holds whatever the number of processes.
+    async fn claim(
+        conn: &mut sqlx::SqliteConnection,
+        worker: &str,
+        lease_token: &str,
+        quotas: &[ToolQuota],
+        limit: i64,
+        lease_ms: i64,
+        now: i64,
+    ) -> Result<Vec<ClaimedJob>, StoreError> {
+        if limit <= 0 || quotas.iter().all(|q| q.free <= 0) {
+            return Ok(Vec::new());
+        }
+        let lease_expires_at = now + lease_ms;
+        let quotas = serde_json::Value::Array(
+            quotas
+                .iter()
+                .filter(|q| q.free > 0)
+                .map(|q| serde_json::json!({ "tool": q.tool, "free": q.free, "global": q.global }))
+                .collect(),
+        )
+        .to_string();
+        let head = limit.saturating_mul(4);
+        let mut jobs = sqlx::query_as!(
+            ClaimedJob,
+            r#"WITH quota AS (SELECT value ->> 'tool' AS tool, value ->> 'free' AS free,
+                                value ->> 'global' AS global
+                           FROM json_each(?6)),
+                running AS (SELECT r.tool, count(*) AS n
+                              FROM jobs r JOIN tasks t ON t.seq = r.task_seq
+                             WHERE r.state = 'running' AND t.status = 'working'
+                               AND r.tool IN (SELECT tool FROM quota WHERE global IS NOT NULL)
+                             GROUP BY r.tool),
+                cap AS (SELECT q.tool,
+                               min(q.free, coalesce(q.global - coalesce(r.n, 0), q.free)) AS n
+                          FROM quota q LEFT JOIN running r ON r.tool = q.tool),
+                head AS (SELECT task_seq, priority, tool FROM jobs
+                          WHERE state = 'queued' AND run_after <= ?4
+                            AND tool IN (SELECT tool FROM cap WHERE n > 0)
+                          ORDER BY priority, task_seq LIMIT ?7),
+                ranked AS (SELECT task_seq, priority, tool,
+                                  row_number() OVER (PARTITION BY tool ORDER BY priority, task_seq) AS rn
+                             FROM head)
+           UPDATE jobs SET state = 'running', attempt = attempt + 1, lease_owner = ?1,
+                  lease_token = ?2, lease_expires_at = ?3, changed_at = ?4
+            WHERE task_seq IN (SELECT k.task_seq FROM ranked k JOIN cap c ON c.tool = k.tool
+                                WHERE k.rn <= c.n
+                                ORDER BY k.priority, k.task_seq LIMIT ?5)
+           RETURNING task_seq AS "task_seq!",
+                     (SELECT task_id FROM tasks WHERE seq = task_seq) AS "task_id!: String",
+                     tool AS "tool!: String",
+                     (SELECT arguments FROM tasks WHERE seq = task_seq) AS "arguments!: String",
+                     (SELECT progress_token FROM tasks WHERE seq = task_seq) AS "progress_token?: String",
+                     attempt AS "attempt!", max_attempts AS "max_attempts!", priority AS "priority!",
+                     lease_token AS "lease_token!: String""#,
             worker,
             lease_token,
-            quotas,
+            lease_expires_at,
+            now,
             limit,
-            lease_ms,
-            ..
-        } => {
-            let r = claim_in(&mut sp, worker, lease_token, quotas, *limit, *lease_ms, now).await;
-            (r.is_ok(), r.map(Written::Claimed))
-        }
-    };
-    if ok {
-        sp.commit().await?;
-    } else {
-        sp.rollback().await?;
+            quotas,
+            head
+        )
+        .fetch_all(&mut *conn)
+        .await?;
+        jobs.sort_by_key(|j| (j.priority, j.task_seq));
+        Ok(jobs)
     }
-    Ok(done)
-}
 
-/// The whole batch in at most four statements, plus one per claim (and one
-/// savepoint-guarded write per creation that records an immediate outcome,
-/// which is rare).
-/// Any error means: roll back and go one by one.
-async fn grouped_writes(
-    conn: &mut SqliteConnection,
-    ops: &[Write],
-    now: i64,
-) -> Result<Vec<Done>, StoreError> {
-    let mut new_tasks = Vec::new();
-    let mut completions = Vec::new();
-    let mut seqs = HashSet::new();
-    for op in ops {
-        match op {
-            Write::Create {
-                new,
-                job: Some(job),
-                outcome: None,
-                ..
-            } => new_tasks.push((new, *job)),
-            Write::Create { .. } => {}
-            Write::Complete {
-                task_seq,
-                lease_token,
-                outcome,
-                ..
-            } => {
-                // The same job twice in one batch: only one by one tells
-                // which of the two holds the lease.
-                if !seqs.insert(*task_seq) {
-                    return Err(StoreError::Batch("one job completed twice".into()));
-                }
-                completions.push((*task_seq, lease_token.as_str(), outcome));
-            }
-            Write::Claim { .. } => {}
-        }
-    }
-    let mut created = create_many(conn, &new_tasks, now).await?;
-    let took = complete_many(conn, &completions, now).await?;
-    let mut done = Vec::with_capacity(ops.len());
-    for op in ops {
-        done.push(match op {
-            Write::Create {
-                new,
-                job: Some(_),
-                outcome: None,
-                ..
-            } => created
-                .remove(&new.task_id)
-                .map(Written::Created)
-                .ok_or_else(|| StoreError::Batch("a grouped insert lost a row".into())),
-            Write::Create { .. } => one_write(conn, op, now).await?,
-            Write::Complete { task_seq, .. } => match took.get(task_seq) {
-                Some(took) => Ok(Written::Completed(*took)),
-                None => Err(StoreError::LeaseLost),
-            },
-            // After the creations: a claim sees the batch's new jobs.
-            Write::Claim {
-                worker,
-                lease_token,
-                quotas,
-                limit,
-                lease_ms,
-                ..
-            } => Ok(Written::Claimed(
-                claim_in(conn, worker, lease_token, quotas, *limit, *lease_ms, now).await?,
-            )),
-        });
-    }
-    Ok(done)
-}
-
-/// Insert tasks and their jobs, two statements for all of them; the new
-/// rows by task id.
-async fn create_many(
-    conn: &mut SqliteConnection,
-    items: &[(&NewTask, NewJob)],
-    now: i64,
-) -> Result<HashMap<String, TaskRow>, StoreError> {
-    if items.is_empty() {
-        return Ok(HashMap::new());
-    }
-    let tasks: Vec<Value> = items
-        .iter()
-        .map(|(t, _)| {
-            json!({
-                "task_id": t.task_id,
-                "owner": t.owner,
-                "tool": t.tool,
-                "arguments": t.arguments,
-                "ttl_ms": t.ttl_ms,
-                "expires_at": t.ttl_ms.map(|ttl| now.saturating_add(ttl)),
-                "poll_interval_ms": t.poll_interval_ms,
-                "progress_token": t.progress_token,
-                "session_id": t.session_id,
-                "client_capabilities": t.client_capabilities,
-            })
-        })
-        .collect();
-    let tasks = Value::Array(tasks).to_string();
-    let rows = sqlx::query_as!(
-        TaskText,
-        r#"INSERT INTO tasks (task_id, owner, tool, arguments, status, created_at, updated_at,
+    async fn insert_tasks(
+        conn: &mut SqliteConnection,
+        tasks: Value,
+        now: i64,
+    ) -> Result<Vec<TaskRow>, StoreError> {
+        let tasks = tasks.to_string();
+        let rows = sqlx::query_as!(
+            TaskText,
+            r#"INSERT INTO tasks (task_id, owner, tool, arguments, status, created_at, updated_at,
                               ttl_ms, expires_at, poll_interval_ms, progress_token, session_id,
                               client_capabilities)
            SELECT value ->> 'task_id', value ->> 'owner', value ->> 'tool', value ->> 'arguments',
@@ -240,100 +233,74 @@ async fn create_many(
                      poll_interval_ms AS "poll_interval_ms?", progress_token AS "progress_token?",
                      result AS "result?", result_kind AS "result_kind?",
                      tool_error AS "tool_error!: bool""#,
-        now,
-        tasks
-    )
-    .fetch_all(&mut *conn)
-    .await?;
-    let rows: Vec<TaskRow> = text::rows(rows)?;
-    let job_of: HashMap<&str, NewJob> = items
-        .iter()
-        .map(|(t, j)| (t.task_id.as_str(), *j))
-        .collect();
-    let mut jobs = Vec::with_capacity(rows.len());
-    for row in &rows {
-        let job = job_of
-            .get(row.task_id.as_str())
-            .ok_or_else(|| StoreError::Batch("a grouped insert returned a stranger".into()))?;
-        jobs.push(json!({
-            "seq": row.seq,
-            "tool": row.tool,
-            "max_attempts": job.max_attempts,
-            "priority": job.priority,
-        }));
+            now,
+            tasks
+        )
+        .fetch_all(conn)
+        .await?;
+        text::rows(rows)
     }
-    let jobs = Value::Array(jobs).to_string();
-    let inserted = sqlx::query!(
+
+    async fn insert_jobs(
+        conn: &mut SqliteConnection,
+        jobs: &[GroupedJob<'_>],
+        now: i64,
+    ) -> Result<u64, StoreError> {
+        let jobs: Value = jobs
+            .iter()
+            .map(|j| {
+                json!({
+                    "seq": j.task_seq,
+                    "tool": j.tool,
+                    "max_attempts": j.job.max_attempts,
+                    "priority": j.job.priority,
+                })
+            })
+            .collect();
+        let jobs = jobs.to_string();
+        let inserted = sqlx::query!(
         "INSERT INTO jobs (task_seq, tool, max_attempts, priority, run_after)
          SELECT value ->> 'seq', value ->> 'tool', value ->> 'max_attempts', value ->> 'priority', ?1
            FROM json_each(?2)",
-        now,
-        jobs
-    )
-    .execute(&mut *conn)
-    .await?;
-    if rows.len() != items.len() || inserted.rows_affected() != items.len() as u64 {
-        return Err(StoreError::Batch(format!(
-            "grouped insert wrote {} tasks and {} jobs for {}",
-            rows.len(),
-            inserted.rows_affected(),
-            items.len()
-        )));
+            now,
+            jobs
+        )
+        .execute(conn)
+        .await?;
+        Ok(inserted.rows_affected())
     }
-    Ok(rows.into_iter().map(|r| (r.task_id.clone(), r)).collect())
-}
 
-/// Finish jobs (fenced by their lease tokens) and record their tasks'
-/// outcomes, two statements for all of them. For each job whose lease
-/// held: whether its task took the outcome (false when already terminal).
-/// A job missing from the answer lost its lease.
-async fn complete_many(
-    conn: &mut SqliteConnection,
-    items: &[(i64, &str, &TaskOutcome)],
-    now: i64,
-) -> Result<HashMap<i64, bool>, StoreError> {
-    if items.is_empty() {
-        return Ok(HashMap::new());
-    }
-    let leases: Vec<Value> = items
-        .iter()
-        .map(|(seq, token, _)| json!({ "seq": seq, "token": token }))
-        .collect();
-    let leases = Value::Array(leases).to_string();
-    let fenced: HashSet<i64> = sqlx::query_scalar!(
+    async fn finish_jobs(
+        conn: &mut SqliteConnection,
+        leases: &[(i64, &str)],
+        now: i64,
+    ) -> Result<Vec<i64>, StoreError> {
+        let leases: Value = leases
+            .iter()
+            .map(|(seq, token)| json!({ "seq": seq, "token": token }))
+            .collect();
+        let leases = leases.to_string();
+        Ok(sqlx::query_scalar!(
         r#"UPDATE jobs SET state = 'done', lease_token = NULL, lease_expires_at = NULL,
                   finished_at = ?1, changed_at = ?1, last_error = NULL
              FROM (SELECT value ->> 'seq' AS seq, value ->> 'token' AS token FROM json_each(?2)) AS c
             WHERE jobs.task_seq = c.seq AND jobs.lease_token = c.token AND jobs.state = 'running'
            RETURNING task_seq AS "task_seq!""#,
-        now,
-        leases
-    )
-    .fetch_all(&mut *conn)
-    .await?
-    .into_iter()
-    .collect();
-    let outcomes: Vec<Value> = items
-        .iter()
-        .filter(|(seq, _, _)| fenced.contains(seq))
-        .map(|(seq, _, o)| {
-            json!({
-                "seq": seq,
-                "status": o.status.as_str(),
-                "message": o.status_message,
-                "result": o.result,
-                "kind": o.result_kind.as_str(),
-                "tool_error": o.tool_error,
-            })
-        })
-        .collect();
-    let mut took: HashMap<i64, bool> = fenced.iter().map(|seq| (*seq, false)).collect();
-    if outcomes.is_empty() {
-        return Ok(took);
+            now,
+            leases
+        )
+        .fetch_all(conn)
+        .await?)
     }
-    let outcomes = Value::Array(outcomes).to_string();
-    let updated = sqlx::query_scalar!(
-        r#"UPDATE tasks SET status = c.status, status_message = c.message, result = c.result,
+
+    async fn record_outcomes(
+        conn: &mut SqliteConnection,
+        outcomes: Value,
+        now: i64,
+    ) -> Result<Vec<i64>, StoreError> {
+        let outcomes = outcomes.to_string();
+        Ok(sqlx::query_scalar!(
+            r#"UPDATE tasks SET status = c.status, status_message = c.message, result = c.result,
                   result_kind = c.kind, tool_error = c.tool_error,
                   updated_at = MAX(updated_at, ?1)
              FROM (SELECT value ->> 'seq' AS seq, value ->> 'status' AS status,
@@ -342,13 +309,10 @@ async fn complete_many(
                      FROM json_each(?2)) AS c
             WHERE tasks.seq = c.seq AND tasks.status IN ('working', 'input_required')
            RETURNING seq AS "seq!""#,
-        now,
-        outcomes
-    )
-    .fetch_all(&mut *conn)
-    .await?;
-    for seq in updated {
-        took.insert(seq, true);
+            now,
+            outcomes
+        )
+        .fetch_all(conn)
+        .await?)
     }
-    Ok(took)
 }

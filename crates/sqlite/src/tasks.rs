@@ -1,4 +1,5 @@
-//! SQL for `tasks` and `task_events`.
+//! SQL for `tasks` and `task_events` (creations are writes of the group
+//! commit: `batch.rs`).
 
 use async_trait::async_trait;
 use sqlx::SqliteConnection;
@@ -9,23 +10,6 @@ use crate::{BEGIN_IMMEDIATE, SqliteStore};
 
 #[async_trait]
 impl TaskStore for SqliteStore {
-    /// Insert a task (status working) and, when given, its job, in one
-    /// transaction. When `outcome` is given the task is finished in the same
-    /// transaction (a call refused before it could run, such as arguments
-    /// that fail the tool's schema): history still shows working -> failed.
-    async fn task_create(
-        &self,
-        new: &NewTask,
-        job: Option<NewJob>,
-        outcome: Option<&TaskOutcome>,
-        now: i64,
-    ) -> Result<TaskRow, StoreError> {
-        let mut tx = self.write.begin_with(BEGIN_IMMEDIATE).await?;
-        let row = create_in(&mut tx, new, job, outcome, now).await?;
-        tx.commit().await?;
-        Ok(as_served(row, job.is_some()))
-    }
-
     /// One task by id, whoever owns it (the caller checks ownership).
     async fn task_get(&self, task_id: &str) -> Result<Option<TaskRow>, StoreError> {
         let mut conn = self.read.acquire().await?;
@@ -82,10 +66,7 @@ impl TaskStore for SqliteStore {
         let Some(current) = current else {
             return Ok(CancelOutcome::NotFound);
         };
-        let status: TaskStatus = current
-            .status
-            .parse()
-            .map_err(|e| StoreError::Decode(format!("tasks.status: {e}")))?;
+        let status = text::status("tasks.status", &current.status)?;
         if status.is_terminal() {
             return Ok(CancelOutcome::Terminal(status));
         }
@@ -306,84 +287,6 @@ impl SqliteStore {
         .await?;
         text::rows(rows)
     }
-}
-
-/// The statements of `task_create`, inside the caller's transaction.
-pub(super) async fn create_in(
-    conn: &mut sqlx::SqliteConnection,
-    new: &NewTask,
-    job: Option<NewJob>,
-    outcome: Option<&TaskOutcome>,
-    now: i64,
-) -> Result<TaskRow, StoreError> {
-    let expires_at = new.ttl_ms.map(|ttl| now.saturating_add(ttl));
-    let seq = sqlx::query_scalar!(
-        r#"INSERT INTO tasks (task_id, owner, tool, arguments, status, created_at, updated_at,
-                              ttl_ms, expires_at, poll_interval_ms, progress_token, session_id,
-                              client_capabilities)
-           VALUES (?, ?, ?, ?, 'working', ?, ?, ?, ?, ?, ?, ?, ?)
-           RETURNING seq"#,
-        new.task_id,
-        new.owner,
-        new.tool,
-        new.arguments,
-        now,
-        now,
-        new.ttl_ms,
-        expires_at,
-        new.poll_interval_ms,
-        new.progress_token,
-        new.session_id,
-        new.client_capabilities,
-    )
-    .fetch_one(&mut *conn)
-    .await?;
-    if let Some(job) = job {
-        sqlx::query!(
-            "INSERT INTO jobs (task_seq, tool, max_attempts, priority, run_after) VALUES (?, ?, ?, ?, ?)",
-            seq,
-            new.tool,
-            job.max_attempts,
-            job.priority,
-            now
-        )
-        .execute(&mut *conn)
-        .await?;
-    }
-    if let Some(outcome) = outcome {
-        sqlx::query!(
-            "UPDATE tasks SET status = ?, status_message = ?, result = ?, result_kind = ?,
-                              tool_error = ?, updated_at = ?
-              WHERE seq = ?",
-            outcome.status.as_str(),
-            outcome.status_message,
-            outcome.result,
-            outcome.result_kind.as_str(),
-            outcome.tool_error,
-            now,
-            seq
-        )
-        .execute(&mut *conn)
-        .await?;
-    }
-    task_by_seq(conn, seq).await
-}
-
-/// A just-created row as reads of `tasks_as_served` will show it: while
-/// its job waits in the queue (`queued`: created with a job that no claim
-/// of the same commit took), a working task's statusMessage says so. The
-/// same rule as the view's, for rows returned by the insert itself. A row
-/// read back through the view before a claim of the same commit took its
-/// job (the one-by-one path) loses the word: the new run has said nothing.
-pub(super) fn as_served(mut row: TaskRow, queued: bool) -> TaskRow {
-    if row.status == TaskStatus::Working {
-        if queued {
-            row.status_message = Some("queued".to_owned());
-        } else if row.status_message.as_deref() == Some("queued") {
-            row.status_message = None;
-        }
-    }
-    row
 }
 
 pub(super) async fn task_by_seq(

@@ -7,11 +7,47 @@
 //! a parameter (callers own the clock), and speak the plain values of
 //! [`model`]: no database type, no JSON-RPC shape crosses this interface.
 //! Only the broker calls it.
+//!
+//! # What the drivers share, and what they do not
+//!
+//! The Rust logic both drivers need is written here once: the group
+//! commit's two passes, savepoints and fan-out ([`batch`], over the
+//! per-driver [`batch::GroupCommit`] statements), the served form of a new
+//! task ([`as_served`]), the decoding of stored text into enums ([`text`],
+//! and [`ops`] for the operators' rows) and the schema-version rule
+//! ([`schema::check_version`]).
+//!
+//! Each driver keeps its own copy of every SQL statement, even one that
+//! reads the same in both dialects once placeholders are set aside: a
+//! statement is a `query!` string literal checked against its own
+//! database, and the offline data (`.sqlx/`) is keyed by the statement's
+//! text alone (one describe per text, naming one database), so one text
+//! cannot serve both. A statement of PostgreSQL must therefore never be
+//! word for word one of SQLite. The dialects differ in:
+//! - placeholders: `?` or `?N` (SQLite), `$N` (PostgreSQL);
+//! - nullability and type hints sqlx needs: SQLite cannot infer them
+//!   through views, `RETURNING` and aggregates (`AS "seq!"`,
+//!   `AS "n!: i64"`), PostgreSQL through its views;
+//! - rows passed in bulk: one JSON array read with `json_each` and
+//!   `value ->> 'key'` (SQLite), `jsonb_to_recordset` or arrays with
+//!   `unnest` (PostgreSQL);
+//! - writing: SQLite has one writer (`BEGIN IMMEDIATE` on the write
+//!   connection); PostgreSQL has many, so writes to tasks take the feed's
+//!   advisory lock (`pg_advisory_xact_lock`) for the change feed's order,
+//!   and claims lock rows (`FOR UPDATE ... SKIP LOCKED`);
+//! - functions: `MAX(a, b)` against `GREATEST(a, b)`, integer flags
+//!   against `boolean`, `sqlite_master` against `to_regclass`,
+//!   `EXPLAIN QUERY PLAN` against `EXPLAIN`;
+//! - the change signal: `PRAGMA data_version` and a wake file (SQLite),
+//!   `LISTEN`/`NOTIFY` (PostgreSQL).
 
+#[cfg(feature = "sqlx")]
+pub mod batch;
 mod error;
 mod metrics;
 pub mod model;
 pub mod ops;
+pub mod schema;
 mod status;
 pub mod text;
 
@@ -58,7 +94,9 @@ impl FromStr for Durability {
 /// One write of a group commit.
 #[derive(Debug, Clone)]
 pub enum Write {
-    /// [`TaskStore::task_create`].
+    /// Insert a task (status working) and, when given, its job; with
+    /// `outcome` the task also finishes at once (history still shows
+    /// working then the end).
     Create {
         /// The task.
         new: NewTask,
@@ -67,7 +105,9 @@ pub enum Write {
         /// An immediate outcome (refused arguments).
         outcome: Option<TaskOutcome>,
     },
-    /// [`JobStore::job_complete`].
+    /// Record the outcome and close the job, fenced by its lease
+    /// (`LeaseLost` when the lease no longer holds); `Completed(false)`
+    /// when the task was already terminal.
     Complete {
         /// The job.
         task_seq: i64,
@@ -78,8 +118,9 @@ pub enum Write {
         /// What to record.
         outcome: TaskOutcome,
     },
-    /// [`JobStore::job_claim_available`]: claims share the batch's commit
-    /// and see the jobs created earlier in the same batch.
+    /// Claim up to `limit` runnable jobs by priority then age, within each
+    /// tool's quota; all share `lease_token`. Claims share the batch's
+    /// commit and see the jobs created earlier in the same batch.
     Claim {
         /// The claiming pool.
         worker: String,
@@ -127,19 +168,10 @@ pub trait ChangeFeed: Send {
     async fn next_events(&mut self, limit: i64) -> Result<Vec<TaskEvent>, StoreError>;
 }
 
-/// Tasks and their status history.
+/// Tasks and their status history (creations are writes of the group
+/// commit: [`Write`]).
 #[async_trait]
 pub trait TaskStore {
-    /// Insert a task (status working) and, when given, its job, in one
-    /// transaction; with `outcome` the task also finishes at once (history
-    /// still shows working then the end).
-    async fn task_create(
-        &self,
-        new: &NewTask,
-        job: Option<NewJob>,
-        outcome: Option<&TaskOutcome>,
-        now: i64,
-    ) -> Result<TaskRow, StoreError>;
     /// One task by id, whoever owns it (the caller checks ownership).
     async fn task_get(&self, task_id: &str) -> Result<Option<TaskRow>, StoreError>;
     /// A page of `owner`'s unexpired tasks, newest first, before `before_seq`.
@@ -195,20 +227,10 @@ pub trait TaskStore {
     async fn task_count_open(&self, owner: &str) -> Result<i64, StoreError>;
 }
 
-/// Jobs: claims, leases, fenced completion, rescue.
+/// Jobs: leases, rescue (claims and completions are writes of the group
+/// commit: [`Write`]).
 #[async_trait]
 pub trait JobStore {
-    /// Claim up to `limit` runnable jobs by priority then age, within each
-    /// tool's quota; all share `lease_token`.
-    async fn job_claim_available(
-        &self,
-        worker: &str,
-        lease_token: &str,
-        quotas: &[ToolQuota],
-        limit: i64,
-        lease_ms: i64,
-        now: i64,
-    ) -> Result<Vec<ClaimedJob>, StoreError>;
     /// Extend a lease; reports a requested cancellation.
     async fn job_heartbeat(
         &self,
@@ -217,15 +239,6 @@ pub trait JobStore {
         lease_ms: i64,
         now: i64,
     ) -> Result<HeartbeatOutcome, StoreError>;
-    /// Record the outcome and close the job, fenced; false when the task was
-    /// already terminal.
-    async fn job_complete(
-        &self,
-        task_seq: i64,
-        lease_token: &str,
-        outcome: &TaskOutcome,
-        now: i64,
-    ) -> Result<bool, StoreError>;
     /// Close the job of a cancelled task, fenced.
     async fn job_finish_cancelled(
         &self,
@@ -412,6 +425,90 @@ pub trait Storage:
     fn announce_commit(&self);
     /// Close the connections.
     async fn close(&self);
+}
+
+/// One write in a group commit of its own, for callers that have a single
+/// write and no writer to queue it on (tests, benchmarks): the very path
+/// the broker's writer takes ([`Storage::write_batch`]), with the write's
+/// own error as the error.
+#[async_trait]
+pub trait OneWrite: Storage {
+    /// [`Write::Create`]: the new task as served.
+    async fn task_create(
+        &self,
+        new: &NewTask,
+        job: Option<NewJob>,
+        outcome: Option<&TaskOutcome>,
+        now: i64,
+    ) -> Result<TaskRow, StoreError> {
+        let write = Write::Create {
+            new: new.clone(),
+            job,
+            outcome: outcome.cloned(),
+        };
+        match self.write_one(write, now).await? {
+            Written::Created(row) => Ok(row),
+            other => Err(unexpected(&other)),
+        }
+    }
+
+    /// [`Write::Claim`]: the claimed jobs.
+    async fn job_claim_available(
+        &self,
+        worker: &str,
+        lease_token: &str,
+        quotas: &[ToolQuota],
+        limit: i64,
+        lease_ms: i64,
+        now: i64,
+    ) -> Result<Vec<ClaimedJob>, StoreError> {
+        let write = Write::Claim {
+            worker: worker.to_owned(),
+            lease_token: lease_token.to_owned(),
+            quotas: quotas.to_vec(),
+            limit,
+            lease_ms,
+        };
+        match self.write_one(write, now).await? {
+            Written::Claimed(jobs) => Ok(jobs),
+            other => Err(unexpected(&other)),
+        }
+    }
+
+    /// [`Write::Complete`]: whether the task took the outcome.
+    async fn job_complete(
+        &self,
+        task_seq: i64,
+        lease_token: &str,
+        outcome: &TaskOutcome,
+        now: i64,
+    ) -> Result<bool, StoreError> {
+        let write = Write::Complete {
+            task_seq,
+            task_id: String::new(),
+            lease_token: lease_token.to_owned(),
+            outcome: outcome.clone(),
+        };
+        match self.write_one(write, now).await? {
+            Written::Completed(took) => Ok(took),
+            other => Err(unexpected(&other)),
+        }
+    }
+
+    /// `write` alone in a batch: what it came to.
+    async fn write_one(&self, write: Write, now: i64) -> Result<Written, StoreError> {
+        self.write_batch(std::slice::from_ref(&write), now)
+            .await?
+            .pop()
+            .unwrap_or_else(|| Err(StoreError::Batch("a batch of one came back empty".into())))
+    }
+}
+
+impl<S: Storage + ?Sized> OneWrite for S {}
+
+/// A batch answered a write with another kind of outcome.
+fn unexpected(written: &Written) -> StoreError {
+    StoreError::Batch(format!("a batch of one answered {written:?}"))
 }
 
 /// The storage drivers.

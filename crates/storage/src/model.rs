@@ -124,6 +124,25 @@ pub struct TaskRow {
     pub tool_error: bool,
 }
 
+/// A just-created row as reads of the `tasks_as_served` view show it:
+/// while its job waits in the queue (`queued`: created with a job that no
+/// claim of the same commit took), a working task's statusMessage says
+/// `queued`; otherwise a working task's is what is stored, which for a new
+/// task is nothing. `row` may be the row as stored (the grouped insert
+/// returns it) or as the view read it inside the transaction, before a
+/// claim of the same commit took its job (then the word goes: the new run
+/// has said nothing yet). Terminal rows are left as they are.
+pub fn as_served(mut row: TaskRow, queued: bool) -> TaskRow {
+    if row.status == TaskStatus::Working {
+        if queued {
+            row.status_message = Some("queued".to_owned());
+        } else if row.status_message.as_deref() == Some("queued") {
+            row.status_message = None;
+        }
+    }
+    row
+}
+
 /// What a new task row holds.
 #[derive(Debug, Clone)]
 pub struct NewTask {

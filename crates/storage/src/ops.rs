@@ -7,6 +7,7 @@ use std::str::FromStr;
 
 use async_trait::async_trait;
 
+use crate::text::status;
 use crate::{StoreError, TaskRow, TaskStatus, WorkerKind};
 
 /// Jobs of one tool waiting in the queue.
@@ -375,12 +376,6 @@ pub trait OpsStore {
     /// with sequential scans discouraged, as on a large table), to check
     /// that they search indexes.
     async fn ops_stats_plans(&self, now: i64) -> Result<Vec<QueryPlan>, StoreError>;
-}
-
-pub(crate) fn status(column: &str, value: &str) -> Result<TaskStatus, StoreError> {
-    value
-        .parse()
-        .map_err(|e| StoreError::Decode(format!("{column}: {e}")))
 }
 
 /// A row of `workers` with its enum columns as stored text.

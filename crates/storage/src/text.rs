@@ -4,7 +4,8 @@
 
 use crate::{StoreError, TaskEvent, TaskRow};
 
-fn status(column: &str, value: &str) -> Result<crate::TaskStatus, StoreError> {
+/// A stored status (`column` names it in the error).
+pub fn status(column: &str, value: &str) -> Result<crate::TaskStatus, StoreError> {
     value
         .parse()
         .map_err(|e| StoreError::Decode(format!("{column}: {e}")))
