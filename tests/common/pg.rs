@@ -64,7 +64,14 @@ impl PgDb {
             return None;
         }
         let name = format!("tb_test_{}", uuid::Uuid::new_v4().simple());
-        psql("postgres", &format!("CREATE DATABASE {name}")).expect("create a test database");
+        // CREATE DATABASE copies template1 and fails while another session
+        // is connected to it (several test processes at once): try again.
+        let mut tries = 0;
+        while let Err(e) = psql("postgres", &format!("CREATE DATABASE {name}")) {
+            tries += 1;
+            assert!(tries < 20, "create a test database: {e}");
+            std::thread::sleep(std::time::Duration::from_millis(100 * tries));
+        }
         Some(Self {
             url: format!("{}/{name}", server_url()),
             name,
