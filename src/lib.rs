@@ -29,6 +29,8 @@
 //!   outcomes with fenced writes.
 //! - [`tools`]: the `Tool` trait, the registry that validates arguments, and
 //!   the demo tools.
+//! - [`child_process`]: the process groups of the programs the broker
+//!   starts (command tools, stdio upstreams), their kill, and line reading.
 //! - [`store`]: opens the database of either driver (the `taskbroker-sqlite`
 //!   and `taskbroker-postgres` crates hold every SQL statement and their
 //!   migrations, behind the `taskbroker-storage` traits).
@@ -49,6 +51,7 @@
 
 pub mod app;
 pub mod broker;
+pub mod child_process;
 pub mod cli;
 pub mod client;
 pub mod clock;
