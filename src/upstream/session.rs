@@ -31,11 +31,11 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use serde_json::{Value, json};
-use tokio::sync::{mpsc, oneshot, watch};
+use tokio::sync::{mpsc, watch};
 use tokio_util::sync::CancellationToken;
 
-use super::stdio::{Answer, Inbound, Outgoing, StdioConnection, StdioSpec};
-use super::{BadInputLog, CallError, StartError};
+use super::stdio::{Inbound, Outgoing, StdioConnection, StdioSpec};
+use super::{BadInputLog, CallError, StartError, quote};
 use crate::mcp::{
     ErrorCode, LogLevel, RELATED_TASK_META, RequestId, RpcError, error_response, notification,
     success_response,
@@ -258,7 +258,7 @@ impl Session {
         let handshake = async {
             let (id, rx) = conn.begin_request("initialize", params)?;
             match tokio::time::timeout(options.request_timeout, rx).await {
-                Ok(answer) => answer.unwrap_or_else(|_| Err(conn.lost(Arc::from("closed")))),
+                Ok(received) => conn.answer_of(received),
                 Err(_) => {
                     // initialize is never cancelled (the spec forbids it).
                     conn.forget(id);
@@ -399,9 +399,9 @@ impl Session {
         };
         let after = self.inner.options.request_timeout;
         match tokio::time::timeout(after, rx).await {
-            Ok(answer) => {
+            Ok(received) => {
                 in_flight.answered();
-                self.answer(answer)
+                conn.answer_of(received)
             }
             Err(_) => {
                 in_flight.cancel(format!(
@@ -468,7 +468,8 @@ impl Session {
             task_id: None,
             handler,
         };
-        self.open_call("tools/call", params, route, cancel).await
+        let result = self.open_call("tools/call", params, route, cancel).await?;
+        self.call_tool_result("tools/call", result)
     }
 
     /// `tools/call` as an upstream task (`task: {ttl}`, ttl in ms): the
@@ -520,8 +521,25 @@ impl Session {
             task_id: Some(task_id.to_owned()),
             handler,
         };
-        self.open_call("tasks/result", json!({ "taskId": task_id }), route, cancel)
-            .await
+        let result = self
+            .open_call("tasks/result", json!({ "taskId": task_id }), route, cancel)
+            .await?;
+        self.call_tool_result("tasks/result", result)
+    }
+
+    /// `result` if it can be a `CallToolResult` (an object).
+    fn call_tool_result(&self, method: &str, result: Value) -> Result<Value, CallError> {
+        if result.is_object() {
+            Ok(result)
+        } else {
+            Err(self.malformed(
+                method,
+                &format!(
+                    "a result that is not an object: {}",
+                    quote(result.to_string().as_bytes())
+                ),
+            ))
+        }
     }
 
     /// A request whose server messages are routed to `route` while open.
@@ -550,20 +568,15 @@ impl Session {
             cancel_reason: Some("the broker stopped waiting".to_owned()),
         };
         tokio::select! {
-            answer = rx => {
+            received = rx => {
                 in_flight.answered();
-                self.answer(answer)
+                conn.answer_of(received)
             }
             () = cancel.cancelled() => {
-                in_flight.cancel("cancelled by the broker's client".to_owned());
+                in_flight.cancel("cancelled by the broker".to_owned());
                 Err(CallError::Cancelled { upstream: conn.upstream().clone() })
             }
         }
-    }
-
-    /// What a pending request's channel gave.
-    fn answer(&self, answer: Result<Answer, oneshot::error::RecvError>) -> Answer {
-        answer.unwrap_or_else(|_| Err(self.inner.conn.lost(Arc::from("the connection ended"))))
     }
 
     fn malformed(&self, method: &str, what: &str) -> CallError {

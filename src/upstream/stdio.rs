@@ -261,6 +261,12 @@ impl StdioConnection {
         self.outgoing.clone()
     }
 
+    /// What a request's channel gave: its answer, or (the reader gone
+    /// without a word) a lost connection.
+    pub(crate) fn answer_of(&self, received: Result<Answer, oneshot::error::RecvError>) -> Answer {
+        received.unwrap_or_else(|_| Err(self.lost(Arc::from("the connection ended"))))
+    }
+
     /// The error for a request on a connection that ended.
     pub(crate) fn lost(&self, reason: Arc<str>) -> CallError {
         CallError::Lost {
