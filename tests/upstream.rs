@@ -728,7 +728,9 @@ async fn an_upstream_task_is_cancelled_with_tasks_cancel() {
 
 /// A scripted stdio "server": answers initialize (id 1) with
 /// `protocol_version`, then sends `lines`, then appends every line it
-/// reads to `wire` and answers a tools/list (id 2) with one tool.
+/// reads to `wire`, answers a tools/list (id 2) with one tool, and
+/// answers a tools/call (id 2) by asking a question (id 9), withdrawing
+/// it, and then giving the call's result.
 fn scripted(protocol_version: &str, lines: &[&str], wire: &Path) -> StdioSpec {
     let mut script = String::from("read -r _init\n");
     script.push_str(&format!(
@@ -742,6 +744,12 @@ fn scripted(protocol_version: &str, lines: &[&str], wire: &Path) -> StdioSpec {
          printf '%s\\n' \"$line\" >> \"$0\"\n\
          case \"$line\" in *'\"method\":\"tools/list\"'*)\n\
          echo '{\"jsonrpc\":\"2.0\",\"id\":2,\"result\":{\"tools\":[{\"name\":\"only\",\"inputSchema\":{\"type\":\"object\"}}]}}';;\n\
+         *'\"method\":\"tools/call\"'*)\n\
+         echo '{\"jsonrpc\":\"2.0\",\"id\":9,\"method\":\"elicitation/create\",\"params\":{\"message\":\"?\"}}'\n\
+         sleep 0.5\n\
+         echo '{\"jsonrpc\":\"2.0\",\"method\":\"notifications/cancelled\",\"params\":{\"requestId\":9,\"reason\":\"timed out\"}}'\n\
+         sleep 0.5\n\
+         echo '{\"jsonrpc\":\"2.0\",\"id\":2,\"result\":{\"content\":[{\"type\":\"text\",\"text\":\"went on without an answer\"}]}}';;\n\
          esac\n\
          done\n",
     );
@@ -832,5 +840,50 @@ async fn a_protocol_version_this_client_does_not_speak_is_refused_at_start() {
         message.contains("upstream 'scripted' speaks MCP \"2099-01-01\"")
             && message.contains("2025-11-25"),
         "{message}"
+    );
+}
+
+/// A handler that never answers, and notes when its question is withdrawn.
+#[derive(Default)]
+struct NeverAnswers {
+    withdrawn: Arc<Mutex<Vec<String>>>,
+}
+
+impl CallHandler for NeverAnswers {
+    fn request(&self, request: ServerRequest) -> AnswerFuture {
+        let withdrawn = self.withdrawn.clone();
+        tokio::spawn(async move {
+            request.withdrawn.cancelled().await;
+            withdrawn.lock().unwrap().push(request.method);
+        });
+        Box::pin(std::future::pending())
+    }
+}
+
+#[tokio::test]
+async fn a_question_the_server_withdraws_is_withdrawn_from_the_handler_and_never_answered() {
+    let dir = tempfile::tempdir().unwrap();
+    let wire = dir.path().join("wire.jsonl");
+    let spec = scripted("2025-11-25", &[], &wire);
+    let session = Session::start_stdio(&spec, SessionOptions::default())
+        .await
+        .unwrap();
+    let handler = Arc::new(NeverAnswers::default());
+    let result = session
+        .call_tool("ask", json!({}), handler.clone(), &CancellationToken::new())
+        .await
+        .unwrap();
+    assert_eq!(text_of(&result), "went on without an answer");
+    assert_eq!(*handler.withdrawn.lock().unwrap(), ["elicitation/create"]);
+    // An answer written at the withdrawal would be in the file by now.
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    let written: Vec<Value> = std::fs::read_to_string(&wire)
+        .unwrap()
+        .lines()
+        .filter_map(|l| serde_json::from_str(l).ok())
+        .collect();
+    assert!(
+        !written.iter().any(|m| m["id"] == 9),
+        "the withdrawn question was answered: {written:?}"
     );
 }
