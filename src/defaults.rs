@@ -128,3 +128,13 @@ pub const LINGERING_REFUSALS: usize = 64;
 /// so that a flood is refused instead of making accept fail for everyone.
 /// It holds [`MAX_SSE_STREAMS`] ten times over.
 pub const MAX_CONNECTIONS: u32 = 10_000;
+
+/// How long the broker waits for an upstream MCP server's answer to a
+/// request that has a bound: `initialize`, `tools/list`, `tasks/get`,
+/// `tasks/cancel`, task creation. These answer at once in any working
+/// server (server-everything: under 50 ms; a cold `npx` start is spent
+/// before `initialize` is sent, not in it); 30 s is MCP SDKs' own usual
+/// request timeout, long enough for a loaded machine, short enough that a
+/// hung upstream is reported while someone still waits. Tool calls and
+/// `tasks/result` have none: they last as long as the tool.
+pub const UPSTREAM_REQUEST_TIMEOUT: Duration = Duration::from_secs(30);

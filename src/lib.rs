@@ -29,6 +29,12 @@
 //!   outcomes with fenced writes.
 //! - [`tools`]: the `Tool` trait, the registry that validates arguments, and
 //!   the demo tools.
+//! - [`upstream`]: the broker as an MCP client of the servers people
+//!   already run: a stdio upstream's process and JSON-RPC lines, the
+//!   2025-11-25 session (handshake, `tools/list`, calls whose progress and
+//!   questions reach their handler, cancel, the upstream's own tasks).
+//! - [`child_process`]: the process groups of the programs the broker
+//!   starts (command tools, stdio upstreams), their kill, and line reading.
 //! - [`store`]: opens the database of either driver (the `taskbroker-sqlite`
 //!   and `taskbroker-postgres` crates hold every SQL statement and their
 //!   migrations, behind the `taskbroker-storage` traits).
@@ -49,6 +55,7 @@
 
 pub mod app;
 pub mod broker;
+pub mod child_process;
 pub mod cli;
 pub mod client;
 pub mod clock;
@@ -62,4 +69,5 @@ pub mod ops;
 pub mod server;
 pub mod store;
 pub mod tools;
+pub mod upstream;
 pub mod worker;

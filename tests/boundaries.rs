@@ -1,7 +1,8 @@
 //! The core stores what happened, in no protocol's terms: no JSON-RPC
 //! envelope, related-task `_meta` or wire error code is built outside the
 //! front ends (`src/server/`, the wire vocabulary in `src/mcp/`, the CLI
-//! client in `src/client/`). The storage drivers, the broker, the worker and
+//! client in `src/client/`, the client of upstream MCP servers in
+//! `src/upstream/`). The storage drivers, the broker, the worker and
 //! the operator rooms hand plain values to the front ends, which map them
 //! (a 2025-11-25 `failed` for a tool error, an error object, `_meta`).
 //!
@@ -23,8 +24,9 @@ const WIRE_MARKS: &[&str] = &[
     "success_response(",
 ];
 
-/// The rooms that may speak the wire.
-const FRONT_ENDS: &[&str] = &["src/server", "src/mcp", "src/client"];
+/// The rooms that may speak the wire: to the broker's clients, and (as a
+/// client) to upstream servers.
+const FRONT_ENDS: &[&str] = &["src/server", "src/mcp", "src/client", "src/upstream"];
 
 fn rust_files(dir: &Path, out: &mut Vec<PathBuf>) {
     let entries = fs::read_dir(dir).unwrap_or_else(|e| panic!("{}: {e}", dir.display()));

@@ -20,12 +20,11 @@ use std::process::Stdio;
 use std::time::Duration;
 
 use command_fds::{CommandFdExt, FdMapping};
-use nix::sys::signal::{Signal, killpg};
-use nix::unistd::Pid;
 use serde_json::{Value, json};
 use tokio::io::{AsyncRead, AsyncReadExt, AsyncWriteExt};
 
 use super::{LogLevel, Tool, ToolContext, ToolDefinition, ToolFuture, ToolOutcome};
+use crate::child_process::{GroupGuard, ReadLine, read_lines};
 use crate::mcp::{ErrorCode, RpcError};
 
 /// How to run one command tool.
@@ -75,34 +74,6 @@ impl Tool for CommandTool {
     }
 }
 
-/// Kills the process group when dropped (the call was cancelled by dropping
-/// its future, or it ended while children linger): TERM now, KILL after the
-/// grace period.
-struct GroupGuard {
-    pgid: Option<Pid>,
-    grace: Duration,
-}
-
-impl GroupGuard {
-    fn terminate(&mut self) {
-        let Some(pgid) = self.pgid.take() else { return };
-        if killpg(pgid, Signal::SIGTERM).is_err() {
-            return; // the group is gone already
-        }
-        let grace = self.grace;
-        std::thread::spawn(move || {
-            std::thread::sleep(grace);
-            let _ = killpg(pgid, Signal::SIGKILL);
-        });
-    }
-}
-
-impl Drop for GroupGuard {
-    fn drop(&mut self) {
-        self.terminate();
-    }
-}
-
 /// Read all of `reader`, keeping the first `cap` bytes (and whether more came).
 async fn read_capped(mut reader: impl AsyncRead + Unpin, cap: usize) -> (Vec<u8>, bool) {
     let mut kept = Vec::new();
@@ -138,29 +109,13 @@ async fn read_tail(mut reader: impl AsyncRead + Unpin, cap: usize) -> Vec<u8> {
 }
 
 /// Read JSON lines from the events pipe and hand them to the context.
-async fn read_events(mut rx: tokio::net::unix::pipe::Receiver, ctx: ToolContext) {
-    let mut pending: Vec<u8> = Vec::new();
-    let mut skipping = false;
-    let mut buf = [0u8; 8192];
-    loop {
-        let n = match rx.read(&mut buf).await {
-            Ok(0) | Err(_) => return,
-            Ok(n) => n,
-        };
-        for &byte in &buf[..n] {
-            if byte == b'\n' {
-                if !skipping {
-                    apply_event(&pending, &ctx);
-                }
-                pending.clear();
-                skipping = false;
-            } else if pending.len() < EVENT_LINE_MAX {
-                pending.push(byte);
-            } else {
-                skipping = true;
-            }
+async fn read_events(rx: tokio::net::unix::pipe::Receiver, ctx: ToolContext) {
+    read_lines(rx, EVENT_LINE_MAX, |line| {
+        if let ReadLine::Line(line) = line {
+            apply_event(line, &ctx);
         }
-    }
+    })
+    .await;
 }
 
 /// One events line: `{"progress":..}`, `{"log":..}` or `{"status":..}`.
@@ -247,13 +202,7 @@ async fn run(name: &str, spec: &CommandSpec, arguments: Value, ctx: ToolContext)
     let events = events
         .and_then(|fd| tokio::net::unix::pipe::Receiver::from_owned_fd(fd).ok())
         .map(|rx| tokio::spawn(read_events(rx, ctx.clone())));
-    let mut guard = GroupGuard {
-        pgid: child
-            .id()
-            .and_then(|id| i32::try_from(id).ok())
-            .map(Pid::from_raw),
-        grace: spec.kill_grace,
-    };
+    let mut guard = GroupGuard::new(child.id(), spec.kill_grace);
     if let Some(mut stdin) = child.stdin.take() {
         let input = arguments.to_string();
         // Written on the side: a program that does not read its stdin (or
