@@ -97,6 +97,19 @@ impl PoolRecords {
         self.0.job_heartbeat(task_seq, lease, lease_ms, now).await
     }
 
+    /// Keep where a running job has got to, for its later attempts.
+    pub async fn job_checkpoint(
+        &self,
+        task_seq: i64,
+        lease: &str,
+        checkpoint: &str,
+        now: i64,
+    ) -> Result<(), StoreError> {
+        self.0
+            .job_checkpoint(task_seq, lease, checkpoint, now)
+            .await
+    }
+
     /// Give back a job claimed but never started (no attempt used).
     pub async fn job_unclaim(
         &self,

@@ -1271,3 +1271,52 @@ async fn job_release_requeues_without_counting_the_attempt_t27(db: TestDb) {
     assert_eq!(get(&db.store, "t-1").await.status, TaskStatus::Cancelled);
 }
 store_test!(job_release_requeues_without_counting_the_attempt_t27);
+
+// job_checkpoint --------------------------------------------------------------------
+
+/// Issue 25 item 5: where a run got to is kept, fenced by its lease, and
+/// the next attempt (after the lease was lost) is claimed with it.
+async fn job_checkpoint_is_fenced_and_survives_a_lost_lease(db: TestDb) {
+    let row = db
+        .store
+        .task_create(&new_task("t-1", "alice"), Some(JOB), None, T0)
+        .await
+        .unwrap();
+    let first = claim_one(&db.store, "w1", "lease-1", T0).await;
+    assert_eq!(first.checkpoint, None, "a first run starts from nothing");
+    db.store
+        .job_checkpoint(row.seq, "lease-1", r#"{"sent":true}"#, T0 + 1)
+        .await
+        .unwrap();
+    db.store
+        .job_checkpoint(row.seq, "lease-1", r#"{"upstreamTask":"u-7"}"#, T0 + 2)
+        .await
+        .unwrap();
+    assert_lease_lost(
+        db.store
+            .job_checkpoint(row.seq, "lease-other", r#"{"sent":false}"#, T0 + 3)
+            .await,
+    );
+
+    let report = db
+        .store
+        .job_rescue_expired(BACKOFF_MS, T0 + LEASE_MS + 1)
+        .await
+        .unwrap();
+    assert_eq!(report.requeued, 1, "{report:?}");
+    assert_lease_lost(
+        db.store
+            .job_checkpoint(row.seq, "lease-1", r#"{"sent":false}"#, T0 + LEASE_MS + 2)
+            .await,
+    );
+    let raw = db.raw().await;
+    let run_after = job(&raw, row.seq).await.unwrap().run_after;
+    let again = claim_one(&db.store, "w2", "lease-2", run_after).await;
+    assert_eq!(again.attempt, 2);
+    assert_eq!(
+        again.checkpoint.as_deref(),
+        Some(r#"{"upstreamTask":"u-7"}"#),
+        "the last checkpoint of the lost run"
+    );
+}
+store_test!(job_checkpoint_is_fenced_and_survives_a_lost_lease);

@@ -17,7 +17,7 @@
 //! tests: `migrate` (`store::open`, `store::open_existing`,
 //! `store::migrate`), `tasks`, `feed` (the `ChangeFeed`), `sessions`,
 //! `jobs`, `batch` (`write_batch`), `raw_sql` (the database's own rules),
-//! `messages`, `tokens`, `workers`, `keys`, `ops` (the operator reads,
+//! `messages`, `tokens`, `workers`, `keys`, `upstreams`, `ops` (the operator reads,
 //! `OpsStore`, against one known state written through the store's own
 //! methods, `ops_world`, with exact values) and `metrics`
 //! (`MetricsStore`). Every method of a `Store` is exercised on both
@@ -611,4 +611,5 @@ mod raw_sql;
 mod sessions;
 mod tasks;
 mod tokens;
+mod upstreams;
 mod workers;

@@ -210,4 +210,27 @@ impl JobStore for PostgresStore {
             failed,
         })
     }
+
+    /// Keep where a running job has got to, fenced by the lease token.
+    async fn job_checkpoint(
+        &self,
+        task_seq: i64,
+        lease_token: &str,
+        checkpoint: &str,
+        _now: i64,
+    ) -> Result<(), StoreError> {
+        let kept = sqlx::query!(
+            "UPDATE jobs SET checkpoint = $1
+              WHERE task_seq = $2 AND lease_token = $3 AND state = 'running'",
+            checkpoint,
+            task_seq,
+            lease_token
+        )
+        .execute(&self.pool)
+        .await?;
+        if kept.rows_affected() == 0 {
+            return Err(StoreError::LeaseLost);
+        }
+        Ok(())
+    }
 }

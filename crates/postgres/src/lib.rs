@@ -35,6 +35,7 @@ mod ops;
 mod sessions;
 mod tasks;
 mod tokens;
+mod upstreams;
 mod workers;
 
 use std::fmt;

@@ -184,4 +184,27 @@ impl JobStore for SqliteStore {
             failed,
         })
     }
+
+    /// Keep where a running job has got to, fenced by the lease token.
+    async fn job_checkpoint(
+        &self,
+        task_seq: i64,
+        lease_token: &str,
+        checkpoint: &str,
+        _now: i64,
+    ) -> Result<(), StoreError> {
+        let kept = sqlx::query!(
+            "UPDATE jobs SET checkpoint = ?
+              WHERE task_seq = ? AND lease_token = ? AND state = 'running'",
+            checkpoint,
+            task_seq,
+            lease_token
+        )
+        .execute(&self.write)
+        .await?;
+        if kept.rows_affected() == 0 {
+            return Err(StoreError::LeaseLost);
+        }
+        Ok(())
+    }
 }

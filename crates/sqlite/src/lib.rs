@@ -20,6 +20,7 @@ mod ops;
 mod sessions;
 mod tasks;
 mod tokens;
+mod upstreams;
 mod wake;
 mod workers;
 

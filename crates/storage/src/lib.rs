@@ -268,6 +268,44 @@ pub trait JobStore {
         backoff_ms: i64,
         now: i64,
     ) -> Result<RescueReport, StoreError>;
+    /// Keep where a running job has got to (JSON text), fenced by the
+    /// lease: a later attempt of the job is claimed with it.
+    async fn job_checkpoint(
+        &self,
+        task_seq: i64,
+        lease_token: &str,
+        checkpoint: &str,
+        now: i64,
+    ) -> Result<(), StoreError>;
+}
+
+/// Upstream MCP servers: the state of each link and its last tool list.
+#[async_trait]
+pub trait UpstreamStore {
+    /// The last tool list kept for `name` (JSON array text) and when it
+    /// was listed.
+    async fn upstream_tools_saved(&self, name: &str) -> Result<Option<(String, i64)>, StoreError>;
+    /// Keep `name`'s tool list (`tools`, JSON array text) and the names
+    /// served from it (`served`, JSON array text).
+    async fn upstream_save_tools(
+        &self,
+        name: &str,
+        tools: &str,
+        served: &str,
+        now: i64,
+    ) -> Result<(), StoreError>;
+    /// `name`'s link entered `state` (`starting`, `ready`, `down`);
+    /// `restarted` counts a restart.
+    async fn upstream_set_state(
+        &self,
+        name: &str,
+        state: &str,
+        last_error: Option<&str>,
+        restarted: bool,
+        now: i64,
+    ) -> Result<(), StoreError>;
+    /// Every upstream ever started on this database, by name.
+    async fn upstreams_list(&self) -> Result<Vec<UpstreamRow>, StoreError>;
 }
 
 /// Requests a running task sends its client, and the answers.
@@ -397,6 +435,7 @@ pub trait Storage:
     + TokenStore
     + WorkerStore
     + KeyStore
+    + UpstreamStore
     + OpsStore
     + MetricsStore
     + fmt::Debug

@@ -268,6 +268,9 @@ pub struct ClaimedJob {
     pub priority: i64,
     /// Fences every later write of this run.
     pub lease_token: String,
+    /// Where an earlier attempt had got to, as it saved it (JSON text), so
+    /// that a tool that can resume does not start over.
+    pub checkpoint: Option<String>,
 }
 
 /// How many jobs of one tool a claim may take.
@@ -414,4 +417,25 @@ pub struct NewWorker {
     pub concurrency: i64,
     /// Its lease length.
     pub lease_ms: i64,
+}
+
+/// An upstream MCP server as the process that runs its link last saw it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct UpstreamRow {
+    /// Its name in the config file.
+    pub name: String,
+    /// `starting`, `ready` or `down`.
+    pub state: String,
+    /// Why it went down (or last failed), if it did.
+    pub last_error: Option<String>,
+    /// When the state was entered (ms).
+    pub state_at: i64,
+    /// How many times its connection was started again.
+    pub restarts: i64,
+    /// Its last `tools/list` (a JSON array), if it ever answered one.
+    pub tools: Option<String>,
+    /// The names the broker serves from it (a JSON array).
+    pub served: Option<String>,
+    /// When `tools` was listed (ms).
+    pub listed_at: Option<i64>,
 }
