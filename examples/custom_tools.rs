@@ -39,6 +39,7 @@ impl WordCount {
                 max_attempts: 3,
                 concurrency: None,
                 global_concurrency: None,
+                extra: Default::default(),
             },
         }
     }

@@ -17,7 +17,8 @@ use crate::server::{
     Sessions, StreamCounter, Streams, spawn_status_notifier,
 };
 use crate::store::{self, Database, Durability, Store, WorkerKind};
-use crate::tools::{Registry, TaskSupport, Tool};
+use crate::tools::{TaskSupport, Tool, ToolCatalog};
+use crate::upstream::{UpstreamSpec, Upstreams};
 use crate::worker::{WorkerConfig, WorkerPool};
 
 /// Everything `taskbroker serve` is told.
@@ -44,6 +45,8 @@ pub struct ServeConfig {
     pub shutdown_grace: Duration,
     /// The tools served.
     pub tools: Vec<Arc<dyn Tool>>,
+    /// Upstream MCP servers whose tools are served too.
+    pub upstreams: Vec<UpstreamSpec>,
 }
 
 impl ServeConfig {
@@ -64,6 +67,7 @@ impl ServeConfig {
             server: ServerConfig::default(),
             shutdown_grace: Duration::from_secs(5),
             tools,
+            upstreams: Vec::new(),
         }
     }
 }
@@ -84,6 +88,8 @@ pub struct WorkConfig {
     pub durability: Durability,
     /// The tools this worker can run.
     pub tools: Vec<Arc<dyn Tool>>,
+    /// Upstream MCP servers whose tools this worker can run.
+    pub upstreams: Vec<UpstreamSpec>,
     /// Where to serve this process's `/metrics` (None: nowhere).
     pub metrics_listen: Option<SocketAddr>,
 }
@@ -99,19 +105,23 @@ struct Core {
     shutdown: CancellationToken,
     tailer: tokio::task::JoinHandle<()>,
     maintenance: tokio::task::JoinHandle<()>,
+    upstreams: Upstreams,
 }
 
 impl Core {
     async fn start(
         store: Store,
         tools: Vec<Arc<dyn Tool>>,
+        upstreams: Vec<UpstreamSpec>,
         broker: BrokerConfig,
         lease: Duration,
         session_idle: Option<Duration>,
     ) -> anyhow::Result<Self> {
-        let tools = Arc::new(Registry::new(tools)?);
+        let groups = upstreams.iter().map(|u| u.name.clone()).collect();
+        let tools = Arc::new(ToolCatalog::new(tools, groups)?);
         crate::metrics::get().zero_known_series(
             tools
+                .current()
                 .definitions()
                 .filter(|d| d.task_support != TaskSupport::Forbidden)
                 .map(|d| d.name.as_str()),
@@ -124,6 +134,15 @@ impl Core {
         let job_queued = Arc::new(tokio::sync::Notify::new());
         let writer = Writer::spawn(store.clone(), feed.clone(), job_queued.clone());
         let broker = Broker::new(store.clone(), tools, broker, feed, writer, job_queued);
+        // Before serving: each upstream's tools are listed (or taken from
+        // the database) by the time the first client asks.
+        let upstreams = Upstreams::start(
+            upstreams,
+            broker.catalog().clone(),
+            store.clone(),
+            defaults::UPSTREAM_START_WAIT,
+        )
+        .await;
         let maintenance = tokio::spawn(maintenance::run(
             broker.clone(),
             maintenance::MaintenanceConfig::for_lease(lease, session_idle),
@@ -135,6 +154,7 @@ impl Core {
             shutdown,
             tailer,
             maintenance,
+            upstreams,
         })
     }
 
@@ -147,7 +167,7 @@ impl Core {
     ) -> WorkerPool {
         WorkerPool::new(
             self.broker.pool_records(),
-            self.broker.tools().clone(),
+            self.broker.catalog().clone(),
             self.broker.feed().clone(),
             WorkerConfig {
                 concurrency,
@@ -162,6 +182,7 @@ impl Core {
     }
 
     async fn stop(self) {
+        self.upstreams.stop().await;
         self.shutdown.cancel();
         let _ = self.maintenance.await;
         let _ = self.tailer.await;
@@ -178,6 +199,7 @@ pub async fn serve(config: ServeConfig) -> anyhow::Result<()> {
     let core = Core::start(
         store.clone(),
         config.tools.clone(),
+        config.upstreams.clone(),
         config.broker.clone(),
         config.lease,
         Some(config.server.session_idle),
@@ -332,6 +354,7 @@ impl McpEndpoint {
         let core = Core::start(
             store,
             config.tools.clone(),
+            config.upstreams.clone(),
             config.broker.clone(),
             config.lease,
             Some(config.server.session_idle),
@@ -395,6 +418,7 @@ pub async fn work(config: WorkConfig) -> anyhow::Result<()> {
     let core = Core::start(
         store,
         config.tools.clone(),
+        config.upstreams.clone(),
         BrokerConfig::default(),
         config.lease,
         None,

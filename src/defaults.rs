@@ -138,3 +138,9 @@ pub const MAX_CONNECTIONS: u32 = 10_000;
 /// hung upstream is reported while someone still waits. Tool calls and
 /// `tasks/result` have none: they last as long as the tool.
 pub const UPSTREAM_REQUEST_TIMEOUT: Duration = Duration::from_secs(30);
+
+/// How long a starting broker or worker waits for its upstream servers'
+/// first answers before it serves (a server slower than this, or down, is
+/// served from the tool list kept in the database and joins when ready).
+/// server-everything over npx starts in about a second here.
+pub const UPSTREAM_START_WAIT: Duration = Duration::from_secs(10);

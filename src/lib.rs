@@ -27,18 +27,22 @@
 //!   purge/rescue services. No HTTP, no SQL, no wire shape.
 //! - [`worker`]: the pool that claims jobs, heartbeats leases and records
 //!   outcomes with fenced writes.
-//! - [`tools`]: the `Tool` trait, the registry that validates arguments, and
+//! - [`tools`]: the `Tool` trait, the registry that validates arguments, the
+//!   catalog of the tools served now (fixed ones and each upstream's), and
 //!   the demo tools.
 //! - [`upstream`]: the broker as an MCP client of the servers people
 //!   already run: a stdio upstream's process and JSON-RPC lines, the
 //!   2025-11-25 session (handshake, `tools/list`, calls whose progress and
-//!   questions reach their handler, cancel, the upstream's own tasks).
+//!   questions reach their handler, cancel, the upstream's own tasks), the
+//!   link that keeps each connection up and its tools served, and the
+//!   `Tool` each upstream tool becomes.
 //! - [`child_process`]: the process groups of the programs the broker
 //!   starts (command tools, stdio upstreams), their kill, and line reading.
 //! - [`store`]: opens the database of either driver (the `taskbroker-sqlite`
 //!   and `taskbroker-postgres` crates hold every SQL statement and their
 //!   migrations, behind the `taskbroker-storage` traits).
-//! - [`config`]: the `taskbroker.toml` file: settings and command tools.
+//! - [`config`]: the `taskbroker.toml` file: settings, command tools and
+//!   upstream servers.
 //! - [`defaults`]: the default of every setting, and of every limit the
 //!   measurement it was picked from.
 //! - [`logging`]: stderr logging that loses lines, never the process, when
@@ -47,8 +51,9 @@
 //!   events), for operators.
 //! - [`metrics`]: Prometheus metrics (`/metrics`) and readiness (`/readyz`).
 //! - [`clock`]: wall-clock milliseconds, the unit of every stored time.
-//! - [`ops`]: the operator commands (`taskbroker stats`, `workers`, `tasks
-//!   list --db`, `backup`), which read the database directly.
+//! - [`ops`]: the operator commands (`taskbroker stats`, `workers`,
+//!   `upstreams`, `tasks list --db`, `backup`), which read the database
+//!   directly.
 //! - [`client`]: the command-line MCP client (`taskbroker call`, `taskbroker
 //!   tasks`) over Streamable HTTP, and the text tables all commands
 //!   print. Talks to a broker only through `/mcp`.

@@ -538,6 +538,74 @@ fn item5_worker_processes_run_as_written() {
     assert!(kinds.contains(&("process", "live")), "{pools}");
 }
 
+/// Issue 25: README's upstream example, run as written in a fresh folder:
+/// the three config lines as `taskbroker.toml`, the broker started on it,
+/// two task calls answered by the reference server, and `taskbroker
+/// upstreams` showing it ready. `npx -y` would fetch the server from the
+/// npm registry; here `npx` runs the copy of the same package that
+/// tests/upstream installs (skipped without it, unless
+/// TASKBROKER_REQUIRE_UPSTREAMS is set, as CI does).
+#[test]
+fn issue25_upstream_example_runs_as_written() {
+    let server = Path::new(concat!(
+        env!("CARGO_MANIFEST_DIR"),
+        "/tests/upstream/node_modules/@modelcontextprotocol/server-everything/dist/index.js"
+    ));
+    if !server.exists() {
+        assert!(
+            std::env::var_os("TASKBROKER_REQUIRE_UPSTREAMS").is_none(),
+            "{} is missing: run npm ci in tests/upstream",
+            server.display()
+        );
+        eprintln!(
+            "skipped: no {} (npm ci in tests/upstream)",
+            server.display()
+        );
+        return;
+    }
+    let sandbox = Sandbox::new();
+    let npx = sandbox.path().join("bin/npx");
+    std::fs::write(
+        &npx,
+        format!(
+            "#!/bin/sh\n[ \"$*\" = \"-y @modelcontextprotocol/server-everything\" ] || exit 64\nexec node {}\n",
+            server.display()
+        ),
+    )
+    .unwrap();
+    use std::os::unix::fs::PermissionsExt as _;
+    std::fs::set_permissions(&npx, std::fs::Permissions::from_mode(0o755)).unwrap();
+    std::fs::write(
+        sandbox.path().join("taskbroker.toml"),
+        tested_block(&readme(), "upstream-config"),
+    )
+    .unwrap();
+    let (background, ran) = run_block(&sandbox, "upstream");
+    assert_eq!(background.0.len(), 1, "one server in the background");
+    for r in &ran {
+        assert_eq!(r.code, Some(0), "{r:#?}");
+    }
+    let sum = call_of(&ran, "get-sum");
+    assert_eq!(sum.stdout.trim(), "The sum of 2 and 3 is 5.", "{sum:#?}");
+    assert!(sum.stderr.contains("taskbroker: task "), "a task: {sum:#?}");
+    let long = call_of(&ran, "trigger-long-running-operation");
+    assert!(
+        long.stdout.contains("Duration: 3 seconds, Steps: 3"),
+        "{long:#?}"
+    );
+    let upstreams = ran
+        .iter()
+        .find(|r| r.line.starts_with("taskbroker upstreams"))
+        .unwrap();
+    let row = upstreams.stdout.lines().nth(1).unwrap_or_default();
+    assert!(
+        row.starts_with("everything") && row.contains(" ready "),
+        "{upstreams:#?}"
+    );
+    let log = std::fs::read_to_string(sandbox.path().join("0.log")).unwrap();
+    assert!(log.contains("upstream ready"), "{log}");
+}
+
 #[track_caller]
 fn wait_for_port(port: u16, log: &Path) {
     let deadline = Instant::now() + Duration::from_secs(30);

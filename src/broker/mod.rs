@@ -29,7 +29,7 @@ use crate::defaults;
 use crate::store::{
     AnswerOutcome, CancelOutcome, Driver, NewJob, NewTask, Store, StoreError, TaskRow,
 };
-use crate::tools::{Registry, TaskSupport, Tool, ToolOutcome};
+use crate::tools::{Registry, TaskSupport, Tool, ToolCatalog, ToolOutcome};
 use open_tasks::OpenTasks;
 
 pub use crate::store::TaskStatus;
@@ -129,7 +129,7 @@ pub enum BrokerError {
 #[derive(Debug, Clone)]
 pub struct Broker {
     store: Store,
-    tools: Arc<Registry>,
+    tools: Arc<ToolCatalog>,
     config: BrokerConfig,
     feed: Feed,
     /// Wakes the embedded worker pool when a job is queued and not handed
@@ -175,7 +175,7 @@ impl Broker {
     /// A broker over `store` serving `tools`.
     pub fn new(
         store: Store,
-        tools: Arc<Registry>,
+        tools: Arc<ToolCatalog>,
         config: BrokerConfig,
         feed: Feed,
         writer: Writer,
@@ -227,8 +227,13 @@ impl Broker {
             .session_count_live(expiry.idle_ms(), now_ms())
             .await?)
     }
-    /// The tool registry.
-    pub fn tools(&self) -> &Arc<Registry> {
+    /// The tools served now (upstream servers' tools change while the
+    /// broker runs: take it again for each request).
+    pub fn tools(&self) -> Arc<Registry> {
+        self.tools.current()
+    }
+    /// The served tools as they change.
+    pub fn catalog(&self) -> &Arc<ToolCatalog> {
         &self.tools
     }
     /// Limits in force.
@@ -250,8 +255,8 @@ impl Broker {
 
     /// The tool for a call, after the taskSupport rules (T-4, T-5, T-6).
     pub fn tool_for_call(&self, name: &str, as_task: bool) -> Result<Arc<dyn Tool>, BrokerError> {
-        let tool = self
-            .tools
+        let tools = self.tools.current();
+        let tool = tools
             .get(name)
             .ok_or_else(|| BrokerError::UnknownTool(name.to_owned()))?;
         match (tool.definition().task_support, as_task) {
@@ -318,6 +323,7 @@ impl Broker {
         }
         let refused = self
             .tools
+            .current()
             .validate(name, &arguments)
             .err()
             .map(|reason| outcome_to_record(&ToolOutcome::tool_error(reason)));

@@ -11,7 +11,7 @@
 //! what is not used goes back when the reservation is dropped.
 
 use std::collections::HashMap;
-use std::sync::Arc;
+use std::sync::{Arc, PoisonError, RwLock};
 
 use tokio::sync::{Notify, OwnedSemaphorePermit, Semaphore};
 
@@ -21,6 +21,8 @@ use crate::tools::ToolDefinition;
 /// The limits of one tool in this pool.
 #[derive(Debug)]
 struct ToolLimit {
+    /// Its per-process limit as defined (to tell a changed definition).
+    concurrency: Option<usize>,
     /// Its own slots, when it has a per-process limit.
     local: Option<Arc<Semaphore>>,
     /// Its limit across every process.
@@ -32,8 +34,9 @@ struct ToolLimit {
 pub struct Slots {
     /// Jobs this process runs at once, whatever their tools.
     process: Arc<Semaphore>,
-    /// Every tool the pool serves (it claims no other).
-    tools: HashMap<String, ToolLimit>,
+    /// Every tool the pool serves (it claims no other); upstream servers'
+    /// tools come and go while the pool runs ([`Slots::serve`]).
+    tools: RwLock<HashMap<String, ToolLimit>>,
     /// Woken whenever a running job gives its slot back, so an idle pool
     /// that could not claim for lack of a tool's slot looks again.
     freed: Arc<Notify>,
@@ -77,25 +80,43 @@ impl Slots {
     /// Slots for a pool of `cap` jobs at once serving `tools`.
     pub fn new<'a>(cap: usize, tools: impl IntoIterator<Item = &'a ToolDefinition>) -> Self {
         let cap = cap.max(1);
-        let tools = tools
-            .into_iter()
-            .map(|def| {
-                let limit = ToolLimit {
-                    local: def
-                        .concurrency
-                        .filter(|n| *n < cap)
-                        .map(|n| Arc::new(Semaphore::new(n.max(1)))),
-                    global: def.global_concurrency.map(i64::from),
-                };
-                (def.name.clone(), limit)
-            })
-            .collect();
-        Self {
+        let slots = Self {
             process: Arc::new(Semaphore::new(cap)),
-            tools,
+            tools: RwLock::new(HashMap::new()),
             freed: Arc::new(Notify::new()),
             cap,
+        };
+        slots.serve(tools);
+        slots
+    }
+
+    /// Serve exactly `tools` from now on: new tools get their slots, gone
+    /// ones are no longer claimed, and a tool whose limits did not change
+    /// keeps its slots (and the jobs holding them). Jobs of a tool whose
+    /// per-process limit changed finish under the old one.
+    pub fn serve<'a>(&self, tools: impl IntoIterator<Item = &'a ToolDefinition>) {
+        let mut served = self.tools.write().unwrap_or_else(PoisonError::into_inner);
+        let mut next = HashMap::new();
+        for def in tools {
+            let global = def.global_concurrency.map(i64::from);
+            let limit = match served.remove(&def.name) {
+                Some(limit) if limit.concurrency == def.concurrency => {
+                    ToolLimit { global, ..limit }
+                }
+                _ => ToolLimit {
+                    concurrency: def.concurrency,
+                    local: def
+                        .concurrency
+                        .filter(|n| *n < self.cap)
+                        .map(|n| Arc::new(Semaphore::new(n.max(1)))),
+                    global,
+                },
+            };
+            next.insert(def.name.clone(), limit);
         }
+        *served = next;
+        // A new tool may have work queued already.
+        self.freed.notify_one();
     }
 
     /// The process cap.
@@ -140,8 +161,9 @@ impl Slots {
     fn reserve_tools(&self, process: OwnedSemaphorePermit) -> Option<Reservation> {
         let n = process.num_permits();
         let mut held = HashMap::new();
-        let mut quotas = Vec::with_capacity(self.tools.len());
-        for (name, limit) in &self.tools {
+        let tools = self.tools.read().unwrap_or_else(PoisonError::into_inner);
+        let mut quotas = Vec::with_capacity(tools.len());
+        for (name, limit) in tools.iter() {
             let free = match &limit.local {
                 None => n,
                 Some(sem) => {
@@ -166,7 +188,7 @@ impl Slots {
         let reservation = Reservation {
             process: Some(process),
             tools: held,
-            capped: quotas.len() < self.tools.len(),
+            capped: quotas.len() < tools.len(),
             quotas,
             freed: self.freed.clone(),
         };
@@ -176,7 +198,13 @@ impl Slots {
     /// Wait for a slot for one job of `tool` (its tool's slot first, the
     /// scarcer one, then the process's).
     pub async fn acquire(&self, tool: &str) -> Option<Slot> {
-        let tool_permit = match self.tools.get(tool).and_then(|l| l.local.clone()) {
+        let local = self
+            .tools
+            .read()
+            .unwrap_or_else(PoisonError::into_inner)
+            .get(tool)
+            .and_then(|l| l.local.clone());
+        let tool_permit = match local {
             Some(sem) => Some(sem.acquire_owned().await.ok()?),
             None => None,
         };
@@ -243,6 +271,7 @@ mod tests {
             max_attempts: 1,
             concurrency,
             global_concurrency: None,
+            extra: Default::default(),
         }
     }
 

@@ -56,6 +56,9 @@ pub enum Command {
     /// Operators: one line per worker pool (state, host, pid, last
     /// heartbeat, jobs running), read from the database.
     Workers(ops::WorkersArgs),
+    /// Operators: one line per upstream MCP server (state, restarts, tools
+    /// served, calls running, last error), read from the database.
+    Upstreams(ops::UpstreamsArgs),
     /// Operators: a consistent copy of a SQLite database, taken while
     /// brokers run (PostgreSQL: use pg_dump).
     Backup(ops::BackupArgs),
@@ -73,7 +76,10 @@ impl Command {
             Command::Token(_) => "warn,sqlx=error",
             // A backup (VACUUM INTO) is one long statement by nature: no
             // slow-statement warnings from sqlx.
-            Command::Stats(_) | Command::Workers(_) | Command::Backup(_) => "warn,sqlx=error",
+            Command::Stats(_)
+            | Command::Workers(_)
+            | Command::Upstreams(_)
+            | Command::Backup(_) => "warn,sqlx=error",
             _ => logging::DEFAULT_FILTER,
         }
     }
@@ -100,6 +106,7 @@ pub async fn run(command: Command) -> anyhow::Result<ExitCode> {
         Command::Bench(args) => std::process::exit(client::bench(args).await.into()),
         Command::Stats(args) => return Ok(ops::stats(args).await.into()),
         Command::Workers(args) => return Ok(ops::workers(args).await.into()),
+        Command::Upstreams(args) => return Ok(ops::upstreams(args).await.into()),
         Command::Backup(args) => return Ok(ops::backup(args).await.into()),
     }
     Ok(ExitCode::SUCCESS)

@@ -294,6 +294,7 @@ impl ServeArgs {
             },
             shutdown_grace: Duration::from_secs(5),
             tools: tools(&config, self.no_demo_tools, self.conformance_tools)?,
+            upstreams: config.upstreams.clone(),
         })
     }
 }

@@ -81,6 +81,7 @@ impl WorkerArgs {
             grace,
             durability: durability(self.durability, &s.durability)?,
             tools: tools(&config, self.no_demo_tools, false)?,
+            upstreams: config.upstreams.clone(),
             metrics_listen: self.metrics_listen,
         })
     }

@@ -58,13 +58,8 @@ pub async fn meta(State(console): State<Console>, headers: HeaderMap, uri: Uri) 
         Ok(o) => o,
         Err(r) => return r,
     };
-    let tools: Vec<&str> = console
-        .app
-        .broker
-        .tools()
-        .definitions()
-        .map(|d| d.name.as_str())
-        .collect();
+    let served = console.app.broker.tools();
+    let tools: Vec<&str> = served.definitions().map(|d| d.name.as_str()).collect();
     reply(
         StatusCode::OK,
         json!({

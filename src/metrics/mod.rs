@@ -52,6 +52,10 @@ pub struct Metrics {
     commit_latency: Histogram,
     database_size: Gauge,
     scrape_errors: Counter,
+    upstream_calls: Family<Labels, Counter>,
+    upstream_latency: HistogramFamily,
+    upstream_restarts: Family<Labels, Counter>,
+    upstream_up: Family<Labels, Gauge>,
     /// When the writer's current commit started (ms), 0 when idle.
     commit_started_ms: AtomicI64,
     /// The tools this process serves: the per-tool database gauges show
@@ -109,6 +113,10 @@ static METRICS: LazyLock<Metrics> = LazyLock::new(|| Metrics {
     commit_latency: latency_histogram(),
     database_size: Gauge::default(),
     scrape_errors: Counter::default(),
+    upstream_calls: Family::default(),
+    upstream_latency: Family::new_with_constructor(seconds_histogram),
+    upstream_restarts: Family::default(),
+    upstream_up: Family::default(),
     commit_started_ms: AtomicI64::new(0),
     served_tools: RwLock::new(Vec::new()),
 });
@@ -211,6 +219,26 @@ static REGISTRY: LazyLock<Registry> = LazyLock::new(|| {
         "Scrapes whose database reads failed (the database gauges then keep their last values)",
         m.scrape_errors.clone(),
     );
+    r.register(
+        "upstream_calls",
+        "Calls this process made to upstream MCP servers, by upstream and outcome (ok, tool_error: a result with isError, error: no result)",
+        m.upstream_calls.clone(),
+    );
+    r.register(
+        "upstream_call_duration_seconds",
+        "Time of the calls this process made to upstream MCP servers, waiting for a down upstream included, by upstream",
+        m.upstream_latency.clone(),
+    );
+    r.register(
+        "upstream_restarts",
+        "Connections to upstream MCP servers this process started again after the last one ended (a stdio server's exit included), by upstream",
+        m.upstream_restarts.clone(),
+    );
+    r.register(
+        "upstream_up",
+        "1 while this process's connection to the upstream MCP server is ready, else 0, by upstream",
+        m.upstream_up.clone(),
+    );
     r
 });
 
@@ -290,6 +318,49 @@ impl Metrics {
             .read()
             .unwrap_or_else(|poisoned| poisoned.into_inner())
             .clone()
+    }
+
+    /// Zero samples for the upstream `name`'s series, so they are exported
+    /// before its first call.
+    pub fn zero_upstream(&self, name: &str) {
+        let labels = vec![("upstream", name.to_owned())];
+        for outcome in ["ok", "tool_error", "error"] {
+            drop(self.upstream_calls.get_or_create(&vec![
+                ("upstream", name.to_owned()),
+                ("outcome", outcome.to_owned()),
+            ]));
+        }
+        drop(self.upstream_latency.get_or_create(&labels));
+        drop(self.upstream_restarts.get_or_create(&labels));
+        drop(self.upstream_up.get_or_create(&labels));
+    }
+
+    /// A call to the upstream `name` ended with `outcome` (ok, tool_error,
+    /// error) after `took`.
+    pub fn upstream_call(&self, name: &str, outcome: &str, took: Duration) {
+        self.upstream_calls
+            .get_or_create(&vec![
+                ("upstream", name.to_owned()),
+                ("outcome", outcome.to_owned()),
+            ])
+            .inc();
+        self.upstream_latency
+            .get_or_create(&vec![("upstream", name.to_owned())])
+            .observe(took.as_secs_f64());
+    }
+
+    /// The connection to the upstream `name` is ready (`up`) or not.
+    pub fn upstream_up(&self, name: &str, up: bool) {
+        self.upstream_up
+            .get_or_create(&vec![("upstream", name.to_owned())])
+            .set(i64::from(up));
+    }
+
+    /// The connection to the upstream `name` was started again.
+    pub fn upstream_restarted(&self, name: &str) {
+        self.upstream_restarts
+            .get_or_create(&vec![("upstream", name.to_owned())])
+            .inc();
     }
 
     /// A task was created (already terminal when its arguments were

@@ -1,4 +1,5 @@
 //! Operator commands: `taskbroker stats`, `taskbroker workers`,
+//! `taskbroker upstreams`,
 //! `taskbroker tasks list --db`, `taskbroker backup` and `taskbroker
 //! token`. They use the database directly (no broker needs to run; one
 //! may), so they need what the broker needs: the SQLite file, or the
@@ -9,6 +10,7 @@ pub mod backup;
 pub mod stats;
 pub mod tasks;
 pub mod tokens;
+pub mod upstreams;
 pub mod workers;
 
 use std::path::{Path, PathBuf};
@@ -22,6 +24,7 @@ use crate::store::{self, Durability, Store};
 pub use backup::{BackupArgs, run as backup};
 pub use stats::{StatsArgs, run as stats};
 pub use tokens::{TokenCommand, run as token};
+pub use upstreams::{UpstreamsArgs, run as upstreams};
 pub use workers::{WorkersArgs, run as workers};
 
 /// `--db` of the operator commands.

@@ -38,6 +38,7 @@ impl Echo {
                 max_attempts: 3,
                 concurrency: None,
                 global_concurrency: None,
+                extra: Default::default(),
             },
         }
     }
@@ -90,6 +91,7 @@ impl Sleep {
                 max_attempts: 3,
                 concurrency: None,
                 global_concurrency: None,
+                extra: Default::default(),
             },
         }
     }
@@ -150,6 +152,7 @@ impl Fail {
                 max_attempts: 3,
                 concurrency: None,
                 global_concurrency: None,
+                extra: Default::default(),
             },
         }
     }
@@ -204,6 +207,7 @@ impl Approve {
                 max_attempts: 3,
                 concurrency: None,
                 global_concurrency: None,
+                extra: Default::default(),
             },
         }
     }

@@ -1,6 +1,7 @@
 //! Tools: the `Tool` trait, the registry that validates arguments, and the
 //! built-in demo tools.
 
+mod catalog;
 mod command;
 mod conformance;
 mod conformance_modern;
@@ -18,6 +19,7 @@ use tokio_util::sync::CancellationToken;
 pub use crate::mcp::LogLevel;
 use crate::mcp::RpcError;
 
+pub use catalog::{Refused, ToolCatalog};
 pub use command::{CommandSpec, CommandTool};
 pub use demo::demo_tools;
 
@@ -74,12 +76,16 @@ pub struct ToolDefinition {
     /// database, enforced in the claim. Tasks waiting for client input do
     /// not count.
     pub global_concurrency: Option<u32>,
+    /// Further members of the `Tool` object, served as they are (`title`,
+    /// `annotations`, `icons`, `_meta`: what an upstream server listed).
+    /// The members above win over any of the same name.
+    pub extra: Map<String, Value>,
 }
 
 impl ToolDefinition {
     /// The `Tool` object of tools/list (H-9).
     pub fn to_json(&self) -> Value {
-        let mut tool = Map::new();
+        let mut tool = self.extra.clone();
         tool.insert("name".into(), json!(self.name));
         tool.insert("description".into(), json!(self.description));
         tool.insert("inputSchema".into(), self.input_schema.clone());
@@ -158,6 +164,18 @@ pub enum ToolEvent {
     CloseStream,
 }
 
+/// Where a task's run keeps what a later run of the same task needs to
+/// resume rather than start again (a worker keeps it in the job's row,
+/// fenced by its lease: a run that lost its lease cannot write it).
+pub trait Checkpoints: Send + Sync + std::fmt::Debug {
+    /// Replace the task's checkpoint with `value`; the error says why it
+    /// was not kept.
+    fn save<'a>(
+        &'a self,
+        value: &'a str,
+    ) -> Pin<Box<dyn Future<Output = Result<(), String>> + Send + 'a>>;
+}
+
 /// What a tool sees of its call.
 #[derive(Debug, Clone)]
 pub struct ToolContext {
@@ -165,6 +183,10 @@ pub struct ToolContext {
     cancel: CancellationToken,
     task_id: Option<String>,
     attempt: i64,
+    /// The checkpoint an earlier run of this task kept, if any.
+    checkpoint: Option<String>,
+    /// Where this run keeps one (None: a plain call, nothing outlives it).
+    checkpoints: Option<Arc<dyn Checkpoints>>,
 }
 
 impl ToolContext {
@@ -180,7 +202,39 @@ impl ToolContext {
             cancel,
             task_id,
             attempt,
+            checkpoint: None,
+            checkpoints: None,
         }
+    }
+    /// The same context, for a task's run that resumes from `checkpoint`
+    /// (an earlier run's) and keeps new ones in `checkpoints`.
+    pub fn with_checkpoints(
+        mut self,
+        checkpoint: Option<String>,
+        checkpoints: Arc<dyn Checkpoints>,
+    ) -> Self {
+        self.checkpoint = checkpoint;
+        self.checkpoints = Some(checkpoints);
+        self
+    }
+    /// What an earlier run of this task kept with
+    /// [`ToolContext::save_checkpoint`] (None on a first run, and for plain
+    /// calls).
+    pub fn checkpoint(&self) -> Option<&str> {
+        self.checkpoint.as_deref()
+    }
+    /// Keep `value` for a later run of this task (after a lost worker or a
+    /// restart), durably, before going on. A plain call has no later run:
+    /// nothing is kept and this succeeds.
+    pub async fn save_checkpoint(&self, value: &str) -> Result<(), String> {
+        match &self.checkpoints {
+            Some(checkpoints) => checkpoints.save(value).await,
+            None => Ok(()),
+        }
+    }
+    /// Whether this run's checkpoints are kept (a task's run in a worker).
+    pub fn keeps_checkpoints(&self) -> bool {
+        self.checkpoints.is_some()
     }
     /// Report progress (ignored when nobody listens).
     pub fn progress(&self, progress: f64, total: Option<f64>, message: Option<String>) {
@@ -304,6 +358,18 @@ struct Entry {
     validator: jsonschema::Validator,
 }
 
+impl Entry {
+    fn new(tool: Arc<dyn Tool>) -> Result<Self, RegistryError> {
+        let def = tool.definition();
+        let validator =
+            jsonschema::validator_for(&def.input_schema).map_err(|e| RegistryError::BadSchema {
+                name: def.name.clone(),
+                reason: e.to_string(),
+            })?;
+        Ok(Self { tool, validator })
+    }
+}
+
 /// The tools this broker serves, by name, with compiled input validators.
 pub struct Registry {
     tools: BTreeMap<String, Entry>,
@@ -320,22 +386,25 @@ impl std::fmt::Debug for Registry {
 impl Registry {
     /// Build a registry; refuses duplicate names and invalid schemas.
     pub fn new(tools: Vec<Arc<dyn Tool>>) -> Result<Self, RegistryError> {
-        let mut map = BTreeMap::new();
+        let mut registry = Self {
+            tools: BTreeMap::new(),
+        };
         for tool in tools {
-            let def = tool.definition();
-            let validator = jsonschema::validator_for(&def.input_schema).map_err(|e| {
-                RegistryError::BadSchema {
-                    name: def.name.clone(),
-                    reason: e.to_string(),
-                }
-            })?;
-            let name = def.name.clone();
-            if map.contains_key(&name) {
-                return Err(RegistryError::Duplicate(name));
-            }
-            map.insert(name, Entry { tool, validator });
+            registry.add(tool)?;
         }
-        Ok(Self { tools: map })
+        Ok(registry)
+    }
+
+    /// Add one tool; refuses a name already served and an invalid schema
+    /// (the registry is then unchanged).
+    fn add(&mut self, tool: Arc<dyn Tool>) -> Result<(), RegistryError> {
+        let name = tool.definition().name.clone();
+        if self.tools.contains_key(&name) {
+            return Err(RegistryError::Duplicate(name));
+        }
+        let entry = Entry::new(tool)?;
+        self.tools.insert(name, entry);
+        Ok(())
     }
 
     /// A tool by name.

@@ -18,8 +18,11 @@
 //! never asked, a message of no known shape) is logged once per kind per
 //! connection, at debug level after that, and never ends the connection.
 
+pub mod link;
 pub mod session;
+pub mod spec;
 pub mod stdio;
+pub mod tool;
 
 use std::collections::HashSet;
 use std::sync::{Arc, Mutex};
@@ -27,7 +30,9 @@ use std::time::Duration;
 
 use crate::mcp::RpcError;
 
+pub use link::{Link, LinkState, LinkStatus, Upstreams};
 pub use session::{AnswerFuture, CallHandler, ServerRequest, Session, SessionOptions};
+pub use spec::{Retry, ToolSettings, UpstreamSpec};
 pub use stdio::StdioSpec;
 
 /// Why a request to an upstream did not give a result.

@@ -3,6 +3,9 @@
 //! its cancellation, and its outcome recorded with a write fenced by the
 //! lease token.
 
+use std::future::Future;
+use std::pin::Pin;
+use std::sync::Arc;
 use std::time::Duration;
 
 use serde_json::Value;
@@ -10,12 +13,13 @@ use tokio::sync::mpsc;
 use tokio_util::sync::CancellationToken;
 
 use super::{WorkerPool, millis};
+use crate::broker::records::PoolRecords;
 use crate::broker::slots::Slot;
 use crate::broker::{ClientAnswer, FeedEvent, outcome_to_record};
 use crate::clock::now_ms;
 use crate::mcp::RpcError;
 use crate::store::{ClaimedJob, StoreError, TaskMessage, TaskStatus};
-use crate::tools::{ToolContext, ToolEvent, ToolOutcome};
+use crate::tools::{Checkpoints, ToolContext, ToolEvent, ToolOutcome};
 
 impl WorkerPool {
     /// Run one claimed job to its end, or until its lease is lost, its task
@@ -40,6 +44,15 @@ impl WorkerPool {
             cancel.clone(),
             Some(job.task_id.clone()),
             job.attempt,
+        )
+        .with_checkpoints(
+            job.checkpoint.clone(),
+            Arc::new(JobCheckpoints {
+                store: self.store.clone(),
+                task_seq: job.task_seq,
+                task_id: job.task_id.clone(),
+                lease_token: job.lease_token.clone(),
+            }),
         );
         let tool_run = self.spawn_tool(&job, ctx);
         tokio::pin!(tool_run);
@@ -168,7 +181,7 @@ impl WorkerPool {
         job: &ClaimedJob,
         ctx: ToolContext,
     ) -> impl std::future::Future<Output = ToolOutcome> + use<> {
-        let tool = self.tools.get(&job.tool).cloned();
+        let tool = self.tools.current().get(&job.tool).cloned();
         let arguments: Value = serde_json::from_str(&job.arguments).unwrap_or(Value::Null);
         let name = job.tool.clone();
         async move {
@@ -367,6 +380,48 @@ impl ProgressThrottle {
             Ok(()) => pool.feed.kick(),
             Err(e) => tracing::debug!(task_id = %job.task_id, error = %e, "progress not stored"),
         }
+    }
+}
+
+/// A run's checkpoints, kept in its job's row under its lease: a run that
+/// lost its lease cannot overwrite what the run after it keeps.
+#[derive(Debug)]
+struct JobCheckpoints {
+    store: PoolRecords,
+    task_seq: i64,
+    task_id: String,
+    lease_token: String,
+}
+
+impl Checkpoints for JobCheckpoints {
+    fn save<'a>(
+        &'a self,
+        value: &'a str,
+    ) -> Pin<Box<dyn Future<Output = Result<(), String>> + Send + 'a>> {
+        Box::pin(async move {
+            // A busy database is retried; a lost lease is final.
+            let mut last = String::new();
+            for attempt in 0..5u32 {
+                match self
+                    .store
+                    .job_checkpoint(self.task_seq, &self.lease_token, value, now_ms())
+                    .await
+                {
+                    Ok(()) => return Ok(()),
+                    Err(StoreError::LeaseLost) => {
+                        return Err(
+                            "this run lost its lease (another worker runs the task now)".into()
+                        );
+                    }
+                    Err(e) => {
+                        tracing::warn!(task_id = %self.task_id, error = %e, attempt, "keeping the checkpoint failed; retrying");
+                        last = e.to_string();
+                        tokio::time::sleep(Duration::from_millis(100 << attempt)).await;
+                    }
+                }
+            }
+            Err(format!("the checkpoint could not be kept: {last}"))
+        })
     }
 }
 

@@ -16,7 +16,7 @@ use crate::broker::slots::{Slot, Slots};
 use crate::broker::{Feed, HandedOff, Handoff, Writer};
 use crate::clock::now_ms;
 use crate::store::{ClaimedJob, NewWorker, WorkerKind, WorkerState};
-use crate::tools::Registry;
+use crate::tools::ToolCatalog;
 
 /// How a pool runs.
 #[derive(Debug, Clone)]
@@ -41,7 +41,7 @@ pub struct WorkerConfig {
 pub struct WorkerPool {
     /// Its rows and leases, through the broker.
     store: PoolRecords,
-    tools: Arc<Registry>,
+    tools: Arc<ToolCatalog>,
     feed: Feed,
     config: WorkerConfig,
     /// Identifies this pool in `jobs.lease_owner` and `workers`.
@@ -67,7 +67,7 @@ impl WorkerPool {
     /// A pool; `job_queued` wakes it early.
     pub fn new(
         store: PoolRecords,
-        tools: Arc<Registry>,
+        tools: Arc<ToolCatalog>,
         feed: Feed,
         config: WorkerConfig,
         job_queued: Arc<Notify>,
@@ -79,7 +79,10 @@ impl WorkerPool {
             std::process::id(),
             &uuid::Uuid::new_v4().simple().to_string()[..8]
         );
-        let slots = Arc::new(Slots::new(config.concurrency, tools.definitions()));
+        let slots = Arc::new(Slots::new(
+            config.concurrency,
+            tools.current().definitions(),
+        ));
         Self {
             store,
             tools,
@@ -122,6 +125,11 @@ impl WorkerPool {
         }
         tracing::info!(worker = %self.worker_id, concurrency, "worker pool started");
         let heartbeat = tokio::spawn(self.clone().heartbeat_loop(shutdown.clone()));
+        let follower = tokio::spawn(follow_served_tools(
+            self.tools.clone(),
+            self.slots.clone(),
+            shutdown.clone(),
+        ));
         let release = CancellationToken::new();
         let mut jobs = tokio::task::JoinSet::new();
         // An embedded pool gets the jobs its server creates straight from
@@ -227,6 +235,7 @@ impl WorkerPool {
         }
         self.shutdown(jobs, release).await;
         let _ = heartbeat.await;
+        let _ = follower.await;
         if let Err(e) = self
             .store
             .worker_set_state(&self.worker_id, WorkerState::Stopped, now_ms())
@@ -326,6 +335,27 @@ impl WorkerPool {
                         tracing::warn!(error = %e, "worker heartbeat failed");
                     }
                 }
+            }
+        }
+    }
+}
+
+/// Claim the tools served now: upstream servers' tools come and go while
+/// the pool runs.
+async fn follow_served_tools(
+    tools: Arc<ToolCatalog>,
+    slots: Arc<Slots>,
+    shutdown: CancellationToken,
+) {
+    let mut changed = tools.changed();
+    loop {
+        tokio::select! {
+            _ = shutdown.cancelled() => return,
+            seen = changed.changed() => {
+                if seen.is_err() {
+                    return;
+                }
+                slots.serve(tools.current().definitions());
             }
         }
     }

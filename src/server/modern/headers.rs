@@ -127,7 +127,8 @@ pub fn check_call(
     };
     check_name(headers, "tool name", name, true)?;
     let presence = state.config.header_presence;
-    let Some(tool) = state.broker.tools().get(name) else {
+    let tools = state.broker.tools();
+    let Some(tool) = tools.get(name) else {
         return Ok(());
     };
     let arguments = request.params.and_then(|p| p.get("arguments"));

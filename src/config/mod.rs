@@ -14,6 +14,11 @@ use serde::Deserialize;
 use toml::Spanned;
 
 use crate::tools::{CommandSpec, CommandTool, TaskSupport, Tool, ToolDefinition};
+use crate::upstream::UpstreamSpec;
+
+mod upstream;
+
+pub use upstream::{ToolSettingsSection, UpstreamSection};
 
 /// A config file that could not be used.
 #[derive(Debug)]
@@ -188,6 +193,9 @@ pub struct ConfigFile {
     /// `[[tool]]`.
     #[serde(default, rename = "tool")]
     pub tools: Vec<ToolSection>,
+    /// `[[upstream]]`.
+    #[serde(default, rename = "upstream")]
+    pub upstreams: Vec<UpstreamSection>,
 }
 
 /// A loaded config: the sections, the tools built from it, and where it
@@ -198,6 +206,8 @@ pub struct Config {
     pub file: ConfigFile,
     /// Command tools, validated.
     pub tools: Vec<Arc<dyn Tool>>,
+    /// Upstream servers, validated.
+    pub upstreams: Vec<UpstreamSpec>,
     /// The file as named on the command line (for messages).
     given: Option<PathBuf>,
     /// The same, absolute: relative paths inside resolve against its folder.
@@ -239,6 +249,7 @@ impl Config {
         let mut config = Self {
             file: ConfigFile::default(),
             tools: Vec::new(),
+            upstreams: Vec::new(),
             given: Some(path.to_owned()),
             path: Some(absolute),
             text,
@@ -248,6 +259,7 @@ impl Config {
             config.error(line, e.message().trim().to_owned())
         })?;
         config.tools = config.build_tools()?;
+        config.upstreams = config.build_upstreams()?;
         Ok(config)
     }
 
@@ -317,12 +329,7 @@ impl Config {
         for section in &self.file.tools {
             let line = self.line_of(section.name.span().start);
             let name = section.name.get_ref().clone();
-            if name.is_empty()
-                || name.len() > 128
-                || !name
-                    .chars()
-                    .all(|c| c.is_ascii_alphanumeric() || "_-.".contains(c))
-            {
+            if !is_tool_name(&name) {
                 return Err(self.error(
                     line,
                     format!("tool name '{name}': use 1-128 of A-Z a-z 0-9 _ - ."),
@@ -336,35 +343,17 @@ impl Config {
             }
             let argv = section.command.get_ref();
             let command_line = self.line_of(section.command.span().start);
-            let argv = self.resolve_command(argv, command_line, &name)?;
-            let task_support = match section
-                .task_support
-                .as_ref()
-                .map(|s| (s.get_ref().as_str(), s.span()))
-            {
-                None | Some(("optional", _)) => TaskSupport::Optional,
-                Some(("forbidden", _)) => TaskSupport::Forbidden,
-                Some(("required", _)) => TaskSupport::Required,
-                Some((other, span)) => {
-                    return Err(self.error(
-                        self.line_of(span.start),
-                        format!("tool '{name}': task_support '{other}' (expected forbidden, optional or required)"),
-                    ));
-                }
-            };
-            let max_attempts = match &section.max_attempts {
-                None => 3,
-                Some(n) if *n.get_ref() >= 1 => *n.get_ref(),
-                Some(n) => {
-                    return Err(self.error(
-                        self.line_of(n.span().start),
-                        format!("tool '{name}': max_attempts must be at least 1"),
-                    ));
-                }
-            };
-            let concurrency = self.positive(&section.concurrency, &name, "concurrency")?;
+            let what = format!("tool '{name}'");
+            let argv = self.resolve_command(argv, command_line, &what)?;
+            let task_support = self
+                .task_support(&section.task_support, &what)?
+                .unwrap_or(TaskSupport::Optional);
+            let max_attempts = self
+                .max_attempts(&section.max_attempts, &what)?
+                .unwrap_or(3);
+            let concurrency = self.positive(&section.concurrency, &what, "concurrency")?;
             let global_concurrency =
-                self.positive(&section.global_concurrency, &name, "global_concurrency")?;
+                self.positive(&section.global_concurrency, &what, "global_concurrency")?;
             let input_schema = self
                 .schema(&section.input_schema, &name, "input_schema")?
                 .unwrap_or_else(|| serde_json::json!({ "type": "object" }));
@@ -405,20 +394,59 @@ impl Config {
                 concurrency: Some(concurrency.unwrap_or(crate::defaults::COMMAND_CONCURRENCY)),
                 global_concurrency: global_concurrency
                     .map(|n| u32::try_from(n).unwrap_or(u32::MAX)),
+                extra: Default::default(),
             };
             tools.push(Arc::new(CommandTool::new(def, spec)));
         }
         Ok(tools)
     }
 
+    /// `task_support`, with the line on error (`what`: "tool 'x'", ...).
+    fn task_support(
+        &self,
+        value: &Option<Spanned<String>>,
+        what: &str,
+    ) -> Result<Option<TaskSupport>, ConfigError> {
+        match value.as_ref().map(|s| (s.get_ref().as_str(), s.span())) {
+            None => Ok(None),
+            Some(("optional", _)) => Ok(Some(TaskSupport::Optional)),
+            Some(("forbidden", _)) => Ok(Some(TaskSupport::Forbidden)),
+            Some(("required", _)) => Ok(Some(TaskSupport::Required)),
+            Some((other, span)) => Err(self.error(
+                self.line_of(span.start),
+                format!(
+                    "{what}: task_support '{other}' (expected forbidden, optional or required)"
+                ),
+            )),
+        }
+    }
+
+    /// `max_attempts`: at least 1, with the line on error.
+    fn max_attempts(
+        &self,
+        value: &Option<Spanned<i64>>,
+        what: &str,
+    ) -> Result<Option<i64>, ConfigError> {
+        match value {
+            None => Ok(None),
+            Some(n) if *n.get_ref() >= 1 => Ok(Some(*n.get_ref())),
+            Some(n) => Err(self.error(
+                self.line_of(n.span().start),
+                format!("{what}: max_attempts must be at least 1"),
+            )),
+        }
+    }
+
+    /// `argv` with its program made absolute (relative to the config
+    /// file's folder) or checked on PATH; `what` names the owner in errors.
     fn resolve_command(
         &self,
         argv: &[String],
         line: usize,
-        name: &str,
+        what: &str,
     ) -> Result<Vec<String>, ConfigError> {
         let Some(program) = argv.first().filter(|p| !p.is_empty()) else {
-            return Err(self.error(line, format!("tool '{name}': command is empty")));
+            return Err(self.error(line, format!("{what}: command is empty")));
         };
         let path = if program.contains('/') {
             let p = PathBuf::from(program);
@@ -435,7 +463,7 @@ impl Config {
                 return Err(self.error(
                     line,
                     format!(
-                        "tool '{name}': command {} is missing or not executable",
+                        "{what}: command {} is missing or not executable",
                         p.display()
                     ),
                 ));
@@ -448,10 +476,7 @@ impl Config {
                 })
                 .unwrap_or(false);
             if !found {
-                return Err(self.error(
-                    line,
-                    format!("tool '{name}': command '{program}' is not on PATH"),
-                ));
+                return Err(self.error(line, format!("{what}: command '{program}' is not on PATH")));
             }
             program.clone()
         };
@@ -464,7 +489,7 @@ impl Config {
     fn positive(
         &self,
         value: &Option<Spanned<i64>>,
-        name: &str,
+        what: &str,
         key: &str,
     ) -> Result<Option<usize>, ConfigError> {
         match value {
@@ -473,7 +498,7 @@ impl Config {
                 Ok(n) if (1..=100_000).contains(&n) => Ok(Some(n)),
                 _ => Err(self.error(
                     self.line_of(v.span().start),
-                    format!("tool '{name}': {key} must be a whole number from 1 to 100000"),
+                    format!("{what}: {key} must be a whole number from 1 to 100000"),
                 )),
             },
         }
@@ -497,6 +522,15 @@ impl Config {
         })?;
         Ok(Some(json))
     }
+}
+
+/// 1-128 of A-Z a-z 0-9 _ - . (MCP's advice for tool names).
+fn is_tool_name(name: &str) -> bool {
+    !name.is_empty()
+        && name.len() <= 128
+        && name
+            .chars()
+            .all(|c| c.is_ascii_alphanumeric() || "_-.".contains(c))
 }
 
 fn is_executable(path: &Path) -> bool {

@@ -1,0 +1,194 @@
+//! `[[upstream]]`: MCP servers people already run, served by the broker as
+//! durable tasks. Checked at start like `[[tool]]`: every refusal names the
+//! file, the line and the reason. What cannot be known until the server
+//! answers (its tools, their names and schemas) is a state at run time,
+//! never a refusal to start.
+
+use std::collections::{BTreeMap, HashMap};
+use std::path::PathBuf;
+
+use serde::Deserialize;
+use toml::Spanned;
+
+use super::{Config, ConfigError, DurationValue};
+use crate::upstream::{Retry, StdioSpec, ToolSettings, UpstreamSpec};
+
+/// How long a stdio upstream gets between TERM and KILL, unless set.
+const DEFAULT_KILL_GRACE: std::time::Duration = std::time::Duration::from_secs(5);
+
+/// One `[[upstream]]`.
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct UpstreamSection {
+    /// Unique name.
+    pub name: Spanned<String>,
+    /// A stdio server: argv (no shell), relative to the config's folder.
+    pub command: Option<Spanned<Vec<String>>>,
+    /// Environment added for a stdio server.
+    #[serde(default)]
+    pub env: BTreeMap<String, String>,
+    /// Working directory of a stdio server (default: the config's folder).
+    pub working_dir: Option<PathBuf>,
+    /// Wait between TERM and KILL when a stdio server is stopped.
+    pub kill_grace: Option<Spanned<DurationValue>>,
+    /// Put before each of its tools' names.
+    pub prefix: Option<Spanned<String>>,
+    /// Serve only these of its tools.
+    pub include: Option<Vec<String>>,
+    /// Never serve these.
+    #[serde(default)]
+    pub exclude: Vec<String>,
+    /// Settings of all its tools: forbidden | optional | required.
+    pub task_support: Option<Spanned<String>>,
+    /// Longest call.
+    pub timeout: Option<Spanned<DurationValue>>,
+    /// Runs allowed when workers are lost.
+    pub max_attempts: Option<Spanned<i64>>,
+    /// Calls at once in one process.
+    pub concurrency: Option<Spanned<i64>>,
+    /// Calls at once across every process.
+    pub global_concurrency: Option<Spanned<i64>>,
+    /// never | always: whether a call lost with its worker is sent again.
+    pub retry: Option<Spanned<String>>,
+    /// Settings of one tool, by the upstream's name for it.
+    #[serde(default)]
+    pub tools: BTreeMap<String, ToolSettingsSection>,
+}
+
+impl UpstreamSection {
+    /// The settings of all its tools, as a tool's table.
+    fn settings(&self) -> ToolSettingsSection {
+        ToolSettingsSection {
+            task_support: self.task_support.clone(),
+            timeout: self.timeout.clone(),
+            max_attempts: self.max_attempts.clone(),
+            concurrency: self.concurrency.clone(),
+            global_concurrency: self.global_concurrency.clone(),
+            retry: self.retry.clone(),
+        }
+    }
+}
+
+/// `[upstream.tools.NAME]`: the run settings of one upstream tool.
+#[derive(Debug, Default, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct ToolSettingsSection {
+    /// forbidden | optional | required.
+    pub task_support: Option<Spanned<String>>,
+    /// Longest call.
+    pub timeout: Option<Spanned<DurationValue>>,
+    /// Runs allowed when workers are lost.
+    pub max_attempts: Option<Spanned<i64>>,
+    /// Calls at once in one process.
+    pub concurrency: Option<Spanned<i64>>,
+    /// Calls at once across every process.
+    pub global_concurrency: Option<Spanned<i64>>,
+    /// never | always: whether a call lost with its worker is sent again.
+    pub retry: Option<Spanned<String>>,
+}
+
+impl Config {
+    /// Every `[[upstream]]`, checked.
+    pub(super) fn build_upstreams(&self) -> Result<Vec<UpstreamSpec>, ConfigError> {
+        let mut seen: HashMap<String, usize> = HashMap::new();
+        let mut upstreams = Vec::new();
+        for section in &self.file.upstreams {
+            let line = self.line_of(section.name.span().start);
+            let name = section.name.get_ref().clone();
+            if !super::is_tool_name(&name) {
+                return Err(self.error(
+                    line,
+                    format!("upstream name '{name}': use 1-128 of A-Z a-z 0-9 _ - ."),
+                ));
+            }
+            if let Some(first) = seen.insert(name.clone(), line) {
+                return Err(self.error(
+                    line,
+                    format!("duplicate upstream name '{name}' (first defined on line {first})"),
+                ));
+            }
+            let what = format!("upstream '{name}'");
+            let Some(command) = &section.command else {
+                return Err(self.error(
+                    line,
+                    format!("{what}: give the server's command (argv), e.g. command = [\"npx\", \"-y\", \"@modelcontextprotocol/server-everything\"]"),
+                ));
+            };
+            let argv =
+                self.resolve_command(command.get_ref(), self.line_of(command.span().start), &what)?;
+            let prefix = match &section.prefix {
+                None => String::new(),
+                Some(p) if p.get_ref().is_empty() || super::is_tool_name(p.get_ref()) => {
+                    p.get_ref().clone()
+                }
+                Some(p) => {
+                    return Err(self.error(
+                        self.line_of(p.span().start),
+                        format!("{what}: prefix '{}': use A-Z a-z 0-9 _ - .", p.get_ref()),
+                    ));
+                }
+            };
+            let defaults = self.tool_settings(&section.settings(), &what)?;
+            let mut tools = BTreeMap::new();
+            for (tool, settings) in &section.tools {
+                let tool_what = format!("{what}, tool '{tool}'");
+                tools.insert(tool.clone(), self.tool_settings(settings, &tool_what)?);
+            }
+            let working_dir = match &section.working_dir {
+                Some(dir) if dir.is_relative() => Some(self.base_dir().join(dir)),
+                Some(dir) => Some(dir.clone()),
+                None => Some(self.base_dir()),
+            };
+            upstreams.push(UpstreamSpec {
+                transport: StdioSpec {
+                    name: name.clone(),
+                    argv,
+                    env: section.env.clone(),
+                    working_dir,
+                    kill_grace: self
+                        .duration(&section.kill_grace)?
+                        .unwrap_or(DEFAULT_KILL_GRACE),
+                },
+                name,
+                prefix,
+                include: section.include.clone(),
+                exclude: section.exclude.clone(),
+                defaults,
+                tools,
+            });
+        }
+        Ok(upstreams)
+    }
+
+    fn tool_settings(
+        &self,
+        section: &ToolSettingsSection,
+        what: &str,
+    ) -> Result<ToolSettings, ConfigError> {
+        let retry = match section
+            .retry
+            .as_ref()
+            .map(|r| (r.get_ref().as_str(), r.span()))
+        {
+            None => None,
+            Some(("never", _)) => Some(Retry::Never),
+            Some(("always", _)) => Some(Retry::Always),
+            Some((other, span)) => {
+                return Err(self.error(
+                    self.line_of(span.start),
+                    format!("{what}: retry '{other}' (expected never or always)"),
+                ));
+            }
+        };
+        Ok(ToolSettings {
+            task_support: self.task_support(&section.task_support, what)?,
+            timeout: self.duration(&section.timeout)?,
+            max_attempts: self.max_attempts(&section.max_attempts, what)?,
+            concurrency: self.positive(&section.concurrency, what, "concurrency")?,
+            global_concurrency: self
+                .positive(&section.global_concurrency, what, "global_concurrency")?
+                .map(|n| u32::try_from(n).unwrap_or(u32::MAX)),
+            retry,
+        })
+    }
+}

@@ -1,0 +1,733 @@
+//! Upstream MCP servers behind the broker (issue 25): the real `taskbroker`
+//! binary with `[[upstream]]` in its config file, over real HTTP, in front
+//! of the reference server `@modelcontextprotocol/server-everything` (npm,
+//! installed by `npm ci` in tests/upstream, started by the broker over
+//! stdio as a user's config would), on both storage drivers.
+//!
+//! What is proved: its tools are served with their schemas, annotations and
+//! the configured task support; plain calls and task calls reach it;
+//! progress, questions (elicitation) and results travel through the task;
+//! a cancel stops the upstream call; the upstream's own tasks are followed
+//! and recorded so they are never run twice; a crashed upstream is started
+//! again; one down at start keeps its tools from the database; kill -9 of
+//! the broker and of a worker process mid-call; bad configs and bad
+//! upstreams are clear errors or clear states while the other tools serve.
+//!
+//! Skipped (one line on stderr) without node or tests/upstream/node_modules,
+//! unless `TASKBROKER_REQUIRE_UPSTREAMS` is set (CI sets it).
+
+#![allow(clippy::unwrap_used)] // tests: a failed unwrap is a failed test
+
+#[macro_use]
+mod common;
+
+use std::path::{Path, PathBuf};
+use std::time::{Duration, Instant};
+
+use common::{Arg, Client, Driver, Server, SseReader, WorkerProc};
+use serde_json::{Value, json};
+
+const RELATED: &str = "io.modelcontextprotocol/related-task";
+
+/// `dist/index.js` of server-everything, or why the tests cannot run.
+fn server_everything() -> Option<PathBuf> {
+    let script = Path::new(env!("CARGO_MANIFEST_DIR"))
+        .join("tests/upstream/node_modules/@modelcontextprotocol/server-everything/dist/index.js");
+    let node = std::process::Command::new("node")
+        .arg("--version")
+        .output()
+        .is_ok_and(|o| o.status.success());
+    let why = if !node {
+        "no node on PATH"
+    } else if !script.exists() {
+        "tests/upstream/node_modules is missing (run npm ci in tests/upstream)"
+    } else {
+        return Some(script);
+    };
+    if std::env::var_os("TASKBROKER_REQUIRE_UPSTREAMS").is_some() {
+        panic!("upstream servers are required (TASKBROKER_REQUIRE_UPSTREAMS) but {why}");
+    }
+    eprintln!("skipping the upstream test: {why}");
+    None
+}
+
+/// A `[[upstream]]` for server-everything over stdio named `name`, its
+/// tools served with `prefix`, and `more` lines of settings.
+fn everything_section(script: &Path, name: &str, prefix: Option<&str>, more: &str) -> String {
+    let prefix = prefix
+        .map(|p| format!("prefix = \"{p}\"\n"))
+        .unwrap_or_default();
+    format!(
+        "[[upstream]]\nname = \"{name}\"\ncommand = [\"node\", \"{}\", \"stdio\"]\n{prefix}{more}\n",
+        script.display()
+    )
+}
+
+/// A broker in front of server-everything (`ev_` prefix).
+fn broker(driver: Driver, script: &Path, more: &str, flags: &[&str]) -> Server {
+    let config = everything_section(script, "everything", Some("ev_"), more);
+    Server::start_with_config_on(driver, &config, flags)
+}
+
+async fn elicit_client(server: &Server) -> Client {
+    let mut c = Client::new(&server.url);
+    c.initialize_with(json!({ "elicitation": {} })).await;
+    c
+}
+
+async fn wait_status(c: &mut Client, task_id: &str, status: &str, within: Duration) -> Value {
+    let deadline = Instant::now() + within;
+    loop {
+        let t = c.ok("tasks/get", json!({ "taskId": task_id })).await;
+        if t["status"] == status {
+            return t;
+        }
+        assert!(Instant::now() < deadline, "task never {status}: {t}");
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+}
+
+fn text_of(result: &Value) -> String {
+    result["content"][0]["text"]
+        .as_str()
+        .unwrap_or_default()
+        .to_owned()
+}
+
+/// The tools/list of the broker, by name.
+async fn listed(c: &mut Client) -> Vec<Value> {
+    c.ok("tools/list", json!({})).await["tools"]
+        .as_array()
+        .unwrap()
+        .clone()
+}
+
+fn tool<'a>(tools: &'a [Value], name: &str) -> Option<&'a Value> {
+    tools.iter().find(|t| t["name"] == name)
+}
+
+/// The `upstreams` row of `name`: (state, last_error, restarts, served).
+async fn upstream_row(
+    server: &Server,
+    name: &str,
+) -> (String, Option<String>, i64, Option<String>) {
+    let db = server.db_reader().await;
+    let row = db
+        .one::<(String, Option<String>, i64, Option<String>)>(
+            "SELECT state, last_error, restarts, served FROM upstreams WHERE name = $1",
+            &[Arg::Text(name.to_owned())],
+        )
+        .await;
+    db.close().await;
+    row
+}
+
+/// Wait until the `upstreams` row of `name` is in `state`.
+async fn wait_upstream_state(server: &Server, name: &str, state: &str, within: Duration) {
+    let deadline = Instant::now() + within;
+    loop {
+        let db = server.db_reader().await;
+        let now = db
+            .scalar_optional::<String>(
+                "SELECT state FROM upstreams WHERE name = $1",
+                &[Arg::Text(name.to_owned())],
+            )
+            .await;
+        db.close().await;
+        if now.as_deref() == Some(state) {
+            return;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "upstream {name} never {state} (now {now:?}): {}",
+            server.log()
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+}
+
+/// The job's checkpoint of a task.
+async fn checkpoint_of(server: &Server, task_id: &str) -> Option<String> {
+    let db = server.db_reader().await;
+    let checkpoint = db
+        .scalar_optional::<Option<String>>(
+            "SELECT j.checkpoint FROM jobs j JOIN tasks t ON t.seq = j.task_seq WHERE t.task_id = $1",
+            &[Arg::Text(task_id.to_owned())],
+        )
+        .await
+        .flatten();
+    db.close().await;
+    checkpoint
+}
+
+/// Issue 25 items 1 and 6: the upstream's tools are served under the
+/// prefix, with their schemas, annotations and title as the upstream lists
+/// them and `execution.taskSupport` as configured (per tool over the
+/// upstream's default); plain calls reach it; the listing is kept in the
+/// database with the upstream's state.
+async fn tools_are_served_as_listed_and_plain_calls_reach_the_upstream(driver: Driver) {
+    let Some(script) = server_everything() else {
+        return;
+    };
+    let server = broker(
+        driver,
+        &script,
+        "task_support = \"optional\"\n[upstream.tools.echo]\ntask_support = \"forbidden\"\n",
+        &[],
+    );
+    let mut c = server.client().await;
+    let tools = listed(&mut c).await;
+    let echo = tool(&tools, "ev_echo").unwrap_or_else(|| panic!("no ev_echo in {tools:?}"));
+    assert_eq!(echo["execution"]["taskSupport"], "forbidden", "{echo}");
+    assert!(
+        echo["inputSchema"]["properties"]["message"].is_object(),
+        "{echo}"
+    );
+    assert!(echo["annotations"].is_object(), "annotations kept: {echo}");
+    let research = tool(&tools, "ev_simulate-research-query").unwrap();
+    assert_eq!(
+        research["execution"]["taskSupport"], "optional",
+        "{research}"
+    );
+    assert_eq!(research["title"], "Simulate Research Query", "{research}");
+    // The broker's own tools are still served beside them.
+    assert!(tool(&tools, "sleep").is_some());
+
+    let result = c
+        .ok(
+            "tools/call",
+            json!({ "name": "ev_echo", "arguments": { "message": "through the broker" } }),
+        )
+        .await;
+    assert_eq!(text_of(&result), "Echo: through the broker", "{result}");
+    // Arguments are checked against the upstream's schema by the broker.
+    let refused = c
+        .ok(
+            "tools/call",
+            json!({ "name": "ev_echo", "arguments": { "message": 12 } }),
+        )
+        .await;
+    assert_eq!(refused["isError"], true, "{refused}");
+
+    let (state, last_error, restarts, served) = upstream_row(&server, "everything").await;
+    assert_eq!(state, "ready");
+    assert_eq!(last_error, None);
+    assert_eq!(restarts, 0);
+    let served: Vec<String> = serde_json::from_str(&served.unwrap()).unwrap();
+    assert!(served.contains(&"ev_echo".to_owned()), "{served:?}");
+}
+both_drivers!(tools_are_served_as_listed_and_plain_calls_reach_the_upstream);
+
+/// Issue 25 items 2 and 3: a task call of an upstream tool runs in a
+/// worker; the upstream's progress notifications become the task's
+/// progress (stored rows), its result the task's result.
+async fn a_task_call_relays_progress_and_ends_with_the_upstreams_result(driver: Driver) {
+    let Some(script) = server_everything() else {
+        return;
+    };
+    let server = broker(driver, &script, "", &[]);
+    let mut c = server.client().await;
+    let task = c
+        .call_task(
+            "ev_trigger-long-running-operation",
+            json!({ "duration": 2, "steps": 4 }),
+        )
+        .await;
+    let task_id = task["taskId"].as_str().unwrap().to_owned();
+    let done = c.wait_terminal(&task_id, Duration::from_secs(30)).await;
+    assert_eq!(done["status"], "completed", "{done}");
+    let result = c.ok("tasks/result", json!({ "taskId": task_id })).await;
+    assert!(
+        text_of(&result).contains("Long running operation completed"),
+        "{result}"
+    );
+    let db = server.db_reader().await;
+    let progress: i64 = db
+        .scalar(
+            "SELECT COUNT(*) FROM task_progress p JOIN tasks t ON t.seq = p.task_seq WHERE t.task_id = $1",
+            &[Arg::Text(task_id.clone())],
+        )
+        .await;
+    db.close().await;
+    assert!(progress >= 1, "no progress stored");
+    // A tool the upstream does not run as a task: the checkpoint says the
+    // call was sent (so a lost run is not repeated unless allowed).
+    assert_eq!(
+        checkpoint_of(&server, &task_id).await.as_deref(),
+        Some(r#"{"sent":true}"#)
+    );
+}
+both_drivers!(a_task_call_relays_progress_and_ends_with_the_upstreams_result);
+
+/// Issue 25 item 3: an elicitation of the upstream during a task makes the
+/// task input_required; the request reaches the client on tasks/result with
+/// the related-task `_meta` (2025-11-25); the client's answer goes back to
+/// the upstream, whose result shows it.
+async fn an_upstream_question_is_answered_through_the_task(driver: Driver) {
+    let Some(script) = server_everything() else {
+        return;
+    };
+    let server = broker(driver, &script, "", &[]);
+    let mut c = elicit_client(&server).await;
+    let task = c
+        .call_task("ev_trigger-elicitation-request", json!({}))
+        .await;
+    let task_id = task["taskId"].as_str().unwrap().to_owned();
+    wait_status(&mut c, &task_id, "input_required", Duration::from_secs(20)).await;
+    let (_, response) = c
+        .post_stream("tasks/result", json!({ "taskId": task_id }))
+        .await;
+    let mut sse = SseReader::new(response);
+    let request = loop {
+        let (_, m) = sse.next_message().await.expect("the question");
+        if m.get("method").is_some() && m.get("id").is_some() {
+            break m;
+        }
+    };
+    assert_eq!(request["method"], "elicitation/create", "{request}");
+    assert_eq!(
+        request["params"]["_meta"][RELATED]["taskId"],
+        task_id.as_str()
+    );
+    let body = json!({
+        "jsonrpc": "2.0",
+        "id": request["id"],
+        "result": { "action": "accept", "content": { "name": "Ada Lovelace", "check": true } },
+    });
+    let raw = c.post_raw(c.headers(), body.to_string()).await;
+    assert_eq!(raw.status, 202, "{}", raw.body);
+    let last = loop {
+        let (_, m) = sse.next_message().await.expect("the result");
+        if m.get("result").is_some() || m.get("error").is_some() {
+            break m;
+        }
+    };
+    let text = last["result"].to_string();
+    assert!(
+        text.contains("Ada Lovelace"),
+        "the answer reached the upstream: {last}"
+    );
+}
+both_drivers!(an_upstream_question_is_answered_through_the_task);
+
+/// Issue 25 item 4: tasks/cancel of a running upstream call ends the task
+/// cancelled at once, and the upstream stays usable.
+async fn a_cancel_stops_the_upstream_call(driver: Driver) {
+    let Some(script) = server_everything() else {
+        return;
+    };
+    let server = broker(driver, &script, "", &[]);
+    let mut c = server.client().await;
+    let task = c
+        .call_task(
+            "ev_trigger-long-running-operation",
+            json!({ "duration": 60, "steps": 60 }),
+        )
+        .await;
+    let task_id = task["taskId"].as_str().unwrap().to_owned();
+    server
+        .wait_for_log("job started", Duration::from_secs(10))
+        .await;
+    let asked = Instant::now();
+    let cancelled = c.ok("tasks/cancel", json!({ "taskId": task_id })).await;
+    assert_eq!(cancelled["status"], "cancelled", "{cancelled}");
+    server
+        .wait_for_log("job stopped: task cancelled", Duration::from_secs(10))
+        .await;
+    assert!(asked.elapsed() < Duration::from_secs(10));
+    let result = c
+        .ok(
+            "tools/call",
+            json!({ "name": "ev_echo", "arguments": { "message": "still there" } }),
+        )
+        .await;
+    assert_eq!(text_of(&result), "Echo: still there");
+}
+both_drivers!(a_cancel_stops_the_upstream_call);
+
+/// Issue 25 item 5: a tool the upstream runs as its own task (it declares
+/// `tasks.requests.tools.call`; `simulate-research-query` is task-only):
+/// the worker creates the upstream task, keeps its id in the job's row,
+/// follows it to its result; its status messages become the task's.
+async fn an_upstream_task_is_followed_and_its_id_kept(driver: Driver) {
+    let Some(script) = server_everything() else {
+        return;
+    };
+    let server = broker(driver, &script, "", &[]);
+    let mut c = server.client().await;
+    let task = c
+        .call_task(
+            "ev_simulate-research-query",
+            json!({ "topic": "durable tasks" }),
+        )
+        .await;
+    let task_id = task["taskId"].as_str().unwrap().to_owned();
+    let done = c.wait_terminal(&task_id, Duration::from_secs(30)).await;
+    assert_eq!(done["status"], "completed", "{done}");
+    let result = c.ok("tasks/result", json!({ "taskId": task_id })).await;
+    assert!(
+        result.to_string().contains("durable tasks"),
+        "the upstream's report: {result}"
+    );
+    let checkpoint = checkpoint_of(&server, &task_id).await.unwrap();
+    let checkpoint: Value = serde_json::from_str(&checkpoint).unwrap();
+    assert!(
+        checkpoint["upstreamTask"]
+            .as_str()
+            .is_some_and(|id| !id.is_empty()),
+        "{checkpoint}"
+    );
+}
+both_drivers!(an_upstream_task_is_followed_and_its_id_kept);
+
+/// The pid of the server-everything process started for `config_dir`'s
+/// broker (its command line names the script).
+fn upstream_pids(script: &Path) -> Vec<i32> {
+    let out = std::process::Command::new("pgrep")
+        .arg("-f")
+        .arg(format!("{} stdio", script.display()))
+        .output()
+        .unwrap();
+    String::from_utf8_lossy(&out.stdout)
+        .lines()
+        .filter_map(|l| l.trim().parse().ok())
+        .collect()
+}
+
+/// Issue 25 item 1 (restart) and the test list's "an upstream that crashes
+/// mid-call": the call fails naming the upstream and the reason; the broker
+/// starts the server again (the restart counted in the database and in
+/// `/metrics`), and the next call works.
+async fn a_crashed_upstream_fails_its_call_clearly_and_is_started_again(driver: Driver) {
+    let Some(script) = server_everything() else {
+        return;
+    };
+    // A copy of the script path no other test's broker uses, to find this
+    // broker's server process.
+    let dir = tempfile::tempdir().unwrap();
+    let own = dir.path().join("everything.mjs");
+    std::fs::write(&own, format!("import '{}';\n", script.display())).unwrap();
+    let server = broker(driver, &own, "", &[]);
+    let mut c = server.client().await;
+    let task = c
+        .call_task(
+            "ev_trigger-long-running-operation",
+            json!({ "duration": 60, "steps": 60 }),
+        )
+        .await;
+    let task_id = task["taskId"].as_str().unwrap().to_owned();
+    server
+        .wait_for_log("job started", Duration::from_secs(10))
+        .await;
+    let pids = upstream_pids(&own);
+    assert_eq!(pids.len(), 1, "one server process: {pids:?}");
+    std::process::Command::new("kill")
+        .args(["-9", &pids[0].to_string()])
+        .status()
+        .unwrap();
+    let done = c.wait_terminal(&task_id, Duration::from_secs(20)).await;
+    assert_eq!(done["status"], "failed", "{done}");
+    let error = c
+        .request("tasks/result", json!({ "taskId": task_id }))
+        .await;
+    let message = error["error"]["message"]
+        .as_str()
+        .unwrap_or_default()
+        .to_owned();
+    assert!(
+        message.contains("upstream 'everything'") && message.contains("lost"),
+        "{error}"
+    );
+    server
+        .wait_for_log(
+            "upstream connection ended; starting it again",
+            Duration::from_secs(10),
+        )
+        .await;
+    wait_upstream_state(&server, "everything", "ready", Duration::from_secs(20)).await;
+    let (_, _, restarts, _) = upstream_row(&server, "everything").await;
+    assert_eq!(restarts, 1);
+    let result = c
+        .ok(
+            "tools/call",
+            json!({ "name": "ev_echo", "arguments": { "message": "again" } }),
+        )
+        .await;
+    assert_eq!(text_of(&result), "Echo: again");
+    let metrics = reqwest::get(server.url.replace("/mcp", "/metrics"))
+        .await
+        .unwrap()
+        .text()
+        .await
+        .unwrap();
+    assert!(
+        metrics.contains("taskbroker_upstream_restarts_total{upstream=\"everything\"} 1"),
+        "{metrics}"
+    );
+    assert!(
+        metrics.contains(
+            "taskbroker_upstream_calls_total{upstream=\"everything\",outcome=\"error\"} 1"
+        ),
+        "{metrics}"
+    );
+    assert!(
+        metrics.contains("taskbroker_upstream_up{upstream=\"everything\"} 1"),
+        "{metrics}"
+    );
+    let sample = |prefix: &str| -> f64 {
+        metrics
+            .lines()
+            .find_map(|l| l.strip_prefix(prefix))
+            .and_then(|v| v.trim().parse().ok())
+            .unwrap_or_else(|| panic!("no {prefix}: {metrics}"))
+    };
+    let ok = sample("taskbroker_upstream_calls_total{upstream=\"everything\",outcome=\"ok\"} ");
+    assert!(ok >= 1.0, "the call after the restart counts: {metrics}");
+    let timed = sample("taskbroker_upstream_call_duration_seconds_count{upstream=\"everything\"} ");
+    assert_eq!(
+        timed,
+        ok + 1.0,
+        "every call is timed, the failed one too: {metrics}"
+    );
+}
+both_drivers!(a_crashed_upstream_fails_its_call_clearly_and_is_started_again);
+
+/// Issue 25 item 1: an upstream that cannot be started is a warning and a
+/// clear state, not a refusal to start: its tools stay served from the
+/// listing kept in the database, the broker's other tools serve, and a
+/// call waits for it, then fails after its timeout naming the upstream and
+/// the reason.
+async fn an_upstream_down_at_start_keeps_its_tools_and_calls_fail_after_their_timeout(
+    driver: Driver,
+) {
+    let Some(script) = server_everything() else {
+        return;
+    };
+    let mut server = broker(driver, &script, "timeout = \"2s\"\n", &[]);
+    let mut c = server.client().await;
+    assert!(tool(&listed(&mut c).await, "ev_echo").is_some());
+    // The same upstream, now a program that exits at once.
+    let config = std::fs::read_to_string(server.config_path()).unwrap();
+    let broken = config.replace(
+        &format!("command = [\"node\", \"{}\", \"stdio\"]", script.display()),
+        "command = [\"sh\", \"-c\", \"echo 'no server here' >&2; exit 3\"]",
+    );
+    assert_ne!(broken, config);
+    std::fs::write(server.config_path(), broken).unwrap();
+    server.kill_and_restart();
+    let mut c = server.client().await;
+    let tools = listed(&mut c).await;
+    assert!(
+        tool(&tools, "ev_echo").is_some(),
+        "kept from the database: {tools:?}"
+    );
+    assert!(tool(&tools, "sleep").is_some());
+    wait_upstream_state(&server, "everything", "down", Duration::from_secs(10)).await;
+    let (_, last_error, _, _) = upstream_row(&server, "everything").await;
+    let last_error = last_error.unwrap();
+    assert!(last_error.contains("everything"), "{last_error}");
+    let task = c
+        .call_task("ev_echo", json!({ "message": "anyone?" }))
+        .await;
+    let task_id = task["taskId"].as_str().unwrap().to_owned();
+    let done = c.wait_terminal(&task_id, Duration::from_secs(20)).await;
+    assert_eq!(done["status"], "failed", "{done}");
+    let error = c
+        .request("tasks/result", json!({ "taskId": task_id }))
+        .await;
+    let message = error["error"]["message"].as_str().unwrap_or_default();
+    assert!(
+        message.contains("upstream 'everything'") && message.contains("timeout"),
+        "{error}"
+    );
+    // Other tools serve.
+    let echo = c
+        .ok(
+            "tools/call",
+            json!({ "name": "echo", "arguments": { "a": 1 } }),
+        )
+        .await;
+    assert!(text_of(&echo).contains("\"a\":1"), "{echo}");
+}
+both_drivers!(an_upstream_down_at_start_keeps_its_tools_and_calls_fail_after_their_timeout);
+
+/// Issue 25 "bad input": two upstreams with colliding tool names and no
+/// prefix (and one colliding with the built-in demo `echo`): the first
+/// source wins, each tool left out is a warning naming why, and everything
+/// else serves. A server that answers garbage is a clear state.
+#[tokio::test]
+async fn colliding_names_and_a_garbage_server_are_clear_states_not_failures() {
+    let Some(script) = server_everything() else {
+        return;
+    };
+    let config = format!(
+        "{}{}{}",
+        everything_section(&script, "first", None, ""),
+        everything_section(&script, "second", None, ""),
+        "[[upstream]]\nname = \"garbage\"\ncommand = [\"sh\", \"-c\", \"echo '<html>hello</html>'; exit 0\"]\n",
+    );
+    let server = Server::start_with_config(&config, &[]);
+    let log = server
+        .wait_for_log("an upstream tool is not served", Duration::from_secs(20))
+        .await;
+    assert!(
+        log.contains("a built-in or command tool already serves a tool named 'echo' (give upstream 'first' a prefix)"),
+        "{log}"
+    );
+    server
+        .wait_for_log(
+            "upstream 'first' already serves a tool named 'get-sum' (give upstream 'second' a prefix)",
+            Duration::from_secs(20),
+        )
+        .await;
+    wait_upstream_state(&server, "garbage", "down", Duration::from_secs(20)).await;
+    let (_, last_error, _, _) = upstream_row(&server, "garbage").await;
+    assert!(
+        last_error.unwrap().contains("<html>"),
+        "the garbage is quoted"
+    );
+    let mut c = server.client().await;
+    let sum = c
+        .ok(
+            "tools/call",
+            json!({ "name": "get-sum", "arguments": { "a": 2, "b": 3 } }),
+        )
+        .await;
+    assert!(text_of(&sum).contains('5'), "{sum}");
+    let echo = c
+        .ok(
+            "tools/call",
+            json!({ "name": "echo", "arguments": { "x": 1 } }),
+        )
+        .await;
+    assert!(
+        text_of(&echo).contains("\"x\":1"),
+        "the demo echo won: {echo}"
+    );
+}
+
+/// Issue 25 "bad input": a config naming a missing program, or an unknown
+/// setting, is refused at start with `file:line: reason`.
+#[test]
+fn a_bad_upstream_config_is_refused_with_file_line_and_reason() {
+    let dir = tempfile::tempdir().unwrap();
+    for (config, expected) in [
+        (
+            "[[upstream]]\nname = \"x\"\ncommand = [\"no-such-program-here\"]\n",
+            "taskbroker.toml:3: upstream 'x': command 'no-such-program-here' is not on PATH",
+        ),
+        (
+            "[[upstream]]\nname = \"x\"\ncommand = [\"sh\"]\nretry = \"sometimes\"\n",
+            "taskbroker.toml:4: upstream 'x': retry 'sometimes' (expected never or always)",
+        ),
+        (
+            "[[upstream]]\nname = \"x\"\ncommand = [\"sh\"]\n[upstream.tools.t]\ntimout = 3\n",
+            "unknown field `timout`",
+        ),
+        (
+            "[[upstream]]\nname = \"x\"\n",
+            "taskbroker.toml:2: upstream 'x': give the server's command",
+        ),
+    ] {
+        std::fs::write(dir.path().join("taskbroker.toml"), config).unwrap();
+        let out = std::process::Command::new(env!("CARGO_BIN_EXE_taskbroker"))
+            .current_dir(dir.path())
+            .args([
+                "serve",
+                "--config",
+                "taskbroker.toml",
+                "--listen",
+                "127.0.0.1:0",
+            ])
+            .output()
+            .unwrap();
+        assert_eq!(out.status.code(), Some(1), "{config}");
+        let stderr = String::from_utf8_lossy(&out.stderr);
+        assert!(stderr.contains(expected), "{config}: {stderr}");
+        assert_eq!(stderr.trim().lines().count(), 1, "one line: {stderr}");
+    }
+}
+
+/// Issue 25 "kill -9 of the broker in the middle of an upstream call": with
+/// `retry = "always"` the next run calls again and the client gets the
+/// result through tasks/result after the restart; with the default the
+/// task fails saying why it was not sent again.
+async fn kill9_of_the_broker_mid_call_resumes_or_fails_as_configured(driver: Driver) {
+    let Some(script) = server_everything() else {
+        return;
+    };
+    for retry in ["always", "never"] {
+        let more =
+            format!("[upstream.tools.trigger-long-running-operation]\nretry = \"{retry}\"\n");
+        let mut server = broker(driver, &script, &more, &["--lease", "2"]);
+        let mut c = server.client().await;
+        let task = c
+            .call_task(
+                "ev_trigger-long-running-operation",
+                json!({ "duration": 3, "steps": 3 }),
+            )
+            .await;
+        let task_id = task["taskId"].as_str().unwrap().to_owned();
+        // Killed once the call may have reached the upstream (the job
+        // keeps that before it sends).
+        let deadline = Instant::now() + Duration::from_secs(15);
+        while checkpoint_of(&server, &task_id).await.as_deref() != Some(r#"{"sent":true}"#) {
+            assert!(Instant::now() < deadline, "never sent: {}", server.log());
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+        server.kill_and_restart();
+        c.reconnect(&server.url);
+        let done = c.wait_terminal(&task_id, Duration::from_secs(40)).await;
+        if retry == "always" {
+            assert_eq!(done["status"], "completed", "{done}");
+            let result = c.ok("tasks/result", json!({ "taskId": task_id })).await;
+            assert!(text_of(&result).contains("completed"), "{result}");
+        } else {
+            assert_eq!(done["status"], "failed", "{done}");
+            let error = c
+                .request("tasks/result", json!({ "taskId": task_id }))
+                .await;
+            let message = error["error"]["message"].as_str().unwrap_or_default();
+            assert!(message.contains("retry = \"always\""), "{error}");
+        }
+    }
+}
+both_drivers!(kill9_of_the_broker_mid_call_resumes_or_fails_as_configured);
+
+/// Issue 25 item 2: with `--workers 0` the broker runs no job; a
+/// `taskbroker worker` process with the same config holds its own upstream
+/// connection and runs the call; killed with kill -9 mid-call, another
+/// worker process runs it again (`retry = "always"`) and the client gets
+/// the result.
+async fn a_worker_process_runs_upstream_calls_and_survives_kill9(driver: Driver) {
+    let Some(script) = server_everything() else {
+        return;
+    };
+    let server = broker(
+        driver,
+        &script,
+        "retry = \"always\"\n",
+        &["--workers", "0", "--lease", "2"],
+    );
+    let config = server.config_path();
+    let mut first = WorkerProc::start(&server, 1, &["--config", &config, "--lease", "2"]);
+    let mut c = server.client().await;
+    let task = c
+        .call_task(
+            "ev_trigger-long-running-operation",
+            json!({ "duration": 3, "steps": 3 }),
+        )
+        .await;
+    let task_id = task["taskId"].as_str().unwrap().to_owned();
+    let deadline = Instant::now() + Duration::from_secs(15);
+    while !first.log().contains("job started") {
+        assert!(Instant::now() < deadline, "{}", first.log());
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    first.kill9();
+    let second = WorkerProc::start(&server, 2, &["--config", &config, "--lease", "2"]);
+    let done = c.wait_terminal(&task_id, Duration::from_secs(40)).await;
+    assert_eq!(done["status"], "completed", "{done} {}", second.log());
+    assert!(second.log().contains("upstream ready"), "{}", second.log());
+}
+both_drivers!(a_worker_process_runs_upstream_calls_and_survives_kill9);
