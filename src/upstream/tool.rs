@@ -339,12 +339,38 @@ struct Relay {
     ctx: ToolContext,
 }
 
+/// The longest status message a log message of the upstream becomes.
+const STATUS_TEXT_MAX: usize = 500;
+
+/// A log message's data as one line of text: the text itself, or its
+/// `message` field, else its JSON; cut at [`STATUS_TEXT_MAX`] bytes.
+fn status_text(data: &Value) -> String {
+    let text = match data {
+        Value::String(s) => s.clone(),
+        other => match other.get("message").and_then(Value::as_str) {
+            Some(m) => m.to_owned(),
+            None => other.to_string(),
+        },
+    };
+    let mut end = text.len().min(STATUS_TEXT_MAX);
+    while !text.is_char_boundary(end) {
+        end -= 1;
+    }
+    text[..end].to_owned()
+}
+
 impl CallHandler for Relay {
     fn progress(&self, progress: f64, total: Option<f64>, message: Option<String>) {
         self.ctx.progress(progress, total, message);
     }
 
     fn log(&self, level: LogLevel, logger: Option<String>, data: Value) {
+        // What the upstream says about the call (info and above) is also the
+        // task's status message, kept with the task: a client that polls
+        // later reads the last one.
+        if level >= LogLevel::Info {
+            self.ctx.status(status_text(&data));
+        }
         let data = match logger {
             Some(logger) => json!({ "logger": logger, "data": data }),
             None => data,
@@ -383,5 +409,18 @@ mod tests {
         }
         assert_eq!(Checkpoint::parse("not json"), Checkpoint::Other);
         assert_eq!(Checkpoint::parse(r#"{"mine":1}"#), Checkpoint::Other);
+    }
+
+    #[test]
+    fn a_log_message_becomes_one_line_of_status() {
+        assert_eq!(status_text(&json!("step 2 of 5")), "step 2 of 5");
+        assert_eq!(
+            status_text(&json!({ "message": "halfway", "n": 1 })),
+            "halfway"
+        );
+        assert_eq!(status_text(&json!({ "n": 1 })), r#"{"n":1}"#);
+        let long = "é".repeat(STATUS_TEXT_MAX);
+        let cut = status_text(&json!(long));
+        assert!(cut.len() <= STATUS_TEXT_MAX && cut.chars().all(|c| c == 'é'));
     }
 }

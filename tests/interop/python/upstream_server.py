@@ -1,0 +1,36 @@
+#!/usr/bin/env python3
+"""An MCP server written with the official Python SDK (mcp==1.30.0,
+FastMCP), as people write them: run over stdio by taskbroker as an
+`[[upstream]]` in tests/interop/python/upstream.py. It knows nothing of
+tasks or of the broker.
+
+Tools:
+  slow_report {steps}  reports progress and logs a line per step (0.3 s
+                       each), then answers "report of N steps"
+  fail_always          raises, which the SDK turns into an isError result
+"""
+
+import anyio
+from mcp.server.fastmcp import Context, FastMCP
+
+mcp = FastMCP("py-upstream")
+
+
+@mcp.tool()
+async def slow_report(steps: int, ctx: Context) -> str:
+    """Write a report in `steps` steps, saying how far it got."""
+    for i in range(1, steps + 1):
+        await ctx.report_progress(i, steps, f"step {i}")
+        await ctx.info(f"step {i} of {steps}")
+        await anyio.sleep(0.3)
+    return f"report of {steps} steps"
+
+
+@mcp.tool()
+async def fail_always() -> str:
+    """Always fails."""
+    raise RuntimeError("this tool always fails")
+
+
+if __name__ == "__main__":
+    mcp.run()
