@@ -1487,3 +1487,74 @@ async fn issue16_subscriptions_listen_follows_a_task() {
         "{error}"
     );
 }
+
+// ---------------------------------------------------------------------
+// Upstream servers for MCP 2026-07-28 clients (issue 25).
+// ---------------------------------------------------------------------
+
+/// Issue 25 ("both protocol generations on the client side"): a 2026-07-28
+/// client calls the tools of an upstream that speaks only 2025-11-25
+/// (server-everything over stdio, `ev_` prefix). A plain call answers at
+/// once; with the tasks extension the call is a task the broker directs,
+/// whose result is the upstream's; the upstream's elicitation becomes an
+/// input request of the task, and the answer given with `tasks/update`
+/// reaches the upstream.
+async fn issue25_a_2026_client_calls_an_upstream_plain_as_a_task_and_answers_it(driver: Driver) {
+    let Some(script) = common::server_everything() else {
+        return;
+    };
+    let config = common::everything_section(&script, "everything", Some("ev_"), "");
+    let server = Server::start_with_config_on(driver, &config, &[]);
+
+    let mut plain = Modern::new(&server.url, json!({}));
+    let sum = plain.tool("ev_get-sum", json!({ "a": 2, "b": 3 })).await;
+    assert_eq!(sum["resultType"], "complete", "{sum}");
+    assert_eq!(
+        sum["content"][0]["text"], "The sum of 2 and 3 is 5.",
+        "{sum}"
+    );
+
+    let mut m = Modern::new(&server.url, with_tasks_and_elicitation());
+    let id = m
+        .create_task(
+            "ev_trigger-long-running-operation",
+            json!({ "duration": 1, "steps": 2 }),
+        )
+        .await;
+    let done = m.wait_status(&id, "completed").await;
+    let text = done["result"]["content"][0]["text"]
+        .as_str()
+        .unwrap_or_default();
+    assert!(text.contains("Long running operation completed"), "{done}");
+    assert_eq!(done["result"]["resultType"], "complete", "{done}");
+
+    let id = m
+        .create_task("ev_trigger-elicitation-request", json!({}))
+        .await;
+    let waiting = m
+        .wait_until(&id, "input_required", |t| t["status"] == "input_required")
+        .await;
+    let keys = request_keys(&waiting);
+    assert_eq!(keys.len(), 1, "{waiting}");
+    let request = &waiting["inputRequests"][&keys[0]];
+    assert_eq!(request["method"], "elicitation/create", "{request}");
+    assert!(
+        request["params"]["_meta"].get(RELATED).is_none(),
+        "no related-task _meta: {request}"
+    );
+    let answer =
+        json!({ "action": "accept", "content": { "name": "Ada Lovelace", "check": true } });
+    let ack = m
+        .ok(
+            "tasks/update",
+            json!({ "taskId": id, "inputResponses": { keys[0].clone(): answer } }),
+        )
+        .await;
+    assert_ack(&ack);
+    let done = m.wait_status(&id, "completed").await;
+    assert!(
+        done["result"].to_string().contains("Ada Lovelace"),
+        "the answer reached the upstream: {done}"
+    );
+}
+both_drivers!(issue25_a_2026_client_calls_an_upstream_plain_as_a_task_and_answers_it);

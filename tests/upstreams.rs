@@ -21,47 +21,15 @@
 #[macro_use]
 mod common;
 
-use std::path::{Path, PathBuf};
+use std::path::Path;
 use std::time::{Duration, Instant};
 
-use common::{Arg, Client, Driver, Server, SseReader, WorkerProc};
+use common::{
+    Arg, Client, Driver, Server, SseReader, WorkerProc, everything_section, server_everything,
+};
 use serde_json::{Value, json};
 
 const RELATED: &str = "io.modelcontextprotocol/related-task";
-
-/// `dist/index.js` of server-everything, or why the tests cannot run.
-fn server_everything() -> Option<PathBuf> {
-    let script = Path::new(env!("CARGO_MANIFEST_DIR"))
-        .join("tests/upstream/node_modules/@modelcontextprotocol/server-everything/dist/index.js");
-    let node = std::process::Command::new("node")
-        .arg("--version")
-        .output()
-        .is_ok_and(|o| o.status.success());
-    let why = if !node {
-        "no node on PATH"
-    } else if !script.exists() {
-        "tests/upstream/node_modules is missing (run npm ci in tests/upstream)"
-    } else {
-        return Some(script);
-    };
-    if std::env::var_os("TASKBROKER_REQUIRE_UPSTREAMS").is_some() {
-        panic!("upstream servers are required (TASKBROKER_REQUIRE_UPSTREAMS) but {why}");
-    }
-    eprintln!("skipping the upstream test: {why}");
-    None
-}
-
-/// A `[[upstream]]` for server-everything over stdio named `name`, its
-/// tools served with `prefix`, and `more` lines of settings.
-fn everything_section(script: &Path, name: &str, prefix: Option<&str>, more: &str) -> String {
-    let prefix = prefix
-        .map(|p| format!("prefix = \"{p}\"\n"))
-        .unwrap_or_default();
-    format!(
-        "[[upstream]]\nname = \"{name}\"\ncommand = [\"node\", \"{}\", \"stdio\"]\n{prefix}{more}\n",
-        script.display()
-    )
-}
 
 /// A broker in front of server-everything (`ev_` prefix).
 fn broker(driver: Driver, script: &Path, more: &str, flags: &[&str]) -> Server {

@@ -1041,3 +1041,39 @@ pub fn create_token(server: &Server, principal: &str, extra: &[&str]) -> String 
     assert!(token.starts_with("tbk_"), "last stdout line: {text:?}");
     token
 }
+
+// Upstream MCP servers -------------------------------------------------------
+
+/// `dist/index.js` of server-everything, or why the tests cannot run.
+pub fn server_everything() -> Option<PathBuf> {
+    let script = Path::new(env!("CARGO_MANIFEST_DIR"))
+        .join("tests/upstream/node_modules/@modelcontextprotocol/server-everything/dist/index.js");
+    let node = std::process::Command::new("node")
+        .arg("--version")
+        .output()
+        .is_ok_and(|o| o.status.success());
+    let why = if !node {
+        "no node on PATH"
+    } else if !script.exists() {
+        "tests/upstream/node_modules is missing (run npm ci in tests/upstream)"
+    } else {
+        return Some(script);
+    };
+    if std::env::var_os("TASKBROKER_REQUIRE_UPSTREAMS").is_some() {
+        panic!("upstream servers are required (TASKBROKER_REQUIRE_UPSTREAMS) but {why}");
+    }
+    eprintln!("skipping the upstream test: {why}");
+    None
+}
+
+/// A `[[upstream]]` for server-everything over stdio named `name`, its
+/// tools served with `prefix`, and `more` lines of settings.
+pub fn everything_section(script: &Path, name: &str, prefix: Option<&str>, more: &str) -> String {
+    let prefix = prefix
+        .map(|p| format!("prefix = \"{p}\"\n"))
+        .unwrap_or_default();
+    format!(
+        "[[upstream]]\nname = \"{name}\"\ncommand = [\"node\", \"{}\", \"stdio\"]\n{prefix}{more}\n",
+        script.display()
+    )
+}
