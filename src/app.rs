@@ -181,6 +181,15 @@ impl Core {
         )
     }
 
+    /// `scrape`, whose `/readyz` also says how this process's upstreams
+    /// stand.
+    fn scrape(&self, scrape: crate::metrics::Scrape) -> crate::metrics::Scrape {
+        match self.upstreams.states() {
+            Some(states) => scrape.with_upstreams(states),
+            None => scrape,
+        }
+    }
+
     async fn stop(self) {
         self.upstreams.stop().await;
         self.shutdown.cancel();
@@ -220,11 +229,11 @@ pub async fn serve(config: ServeConfig) -> anyhow::Result<()> {
 
     let local_addr = listener.local_addr()?;
     let open_streams = Arc::new(StreamCounter::new(config.server.max_sse_streams));
-    let scrape = crate::metrics::Scrape::new(
+    let scrape = core.scrape(crate::metrics::Scrape::new(
         store.clone(),
         Some(open_streams.clone()),
         Some(config.server.session_idle),
-    );
+    ));
     let session_streams = Arc::new(SessionStreams::default());
     let notifier = spawn_status_notifier(
         core.broker.clone(),
@@ -414,9 +423,8 @@ async fn open_when_migrated(
 /// database, runs their tools, records their outcomes. Never migrates.
 pub async fn work(config: WorkConfig) -> anyhow::Result<()> {
     let store = open_when_migrated(&config.db, config.durability).await?;
-    let scrape = crate::metrics::Scrape::new(store.clone(), None, None);
     let core = Core::start(
-        store,
+        store.clone(),
         config.tools.clone(),
         config.upstreams.clone(),
         BrokerConfig::default(),
@@ -424,6 +432,7 @@ pub async fn work(config: WorkConfig) -> anyhow::Result<()> {
         None,
     )
     .await?;
+    let scrape = core.scrape(crate::metrics::Scrape::new(store, None, None));
     let pool = core.pool(
         config.concurrency,
         config.lease,

@@ -114,6 +114,14 @@ async fn wait_upstream_state(server: &Server, name: &str, state: &str, within: D
     }
 }
 
+/// `/readyz`: the HTTP status and the body.
+async fn readyz(server: &Server) -> (u16, Value) {
+    let response = reqwest::get(server.url.replace("/mcp", "/readyz"))
+        .await
+        .unwrap();
+    (response.status().as_u16(), response.json().await.unwrap())
+}
+
 /// The job's checkpoint of a task.
 async fn checkpoint_of(server: &Server, task_id: &str) -> Option<String> {
     let db = server.db_reader().await;
@@ -474,6 +482,12 @@ async fn an_upstream_down_at_start_keeps_its_tools_and_calls_fail_after_their_ti
     let mut server = broker(driver, &script, "timeout = \"2s\"\n", &[]);
     let mut c = server.client().await;
     assert!(tool(&listed(&mut c).await, "ev_echo").is_some());
+    let (code, ready) = readyz(&server).await;
+    assert_eq!(
+        (code, &ready["upstreams"]["everything"]),
+        (200, &json!("ready")),
+        "{ready}"
+    );
     // The same upstream, now a program that exits at once.
     let config = std::fs::read_to_string(server.config_path()).unwrap();
     let broken = config.replace(
@@ -494,6 +508,26 @@ async fn an_upstream_down_at_start_keeps_its_tools_and_calls_fail_after_their_ti
     let (_, last_error, _, _) = upstream_row(&server, "everything").await;
     let last_error = last_error.unwrap();
     assert!(last_error.contains("everything"), "{last_error}");
+    // /readyz: still ready (the broker serves), with the upstream's state
+    // and reason as detail.
+    let deadline = Instant::now() + Duration::from_secs(10);
+    loop {
+        let (code, ready) = readyz(&server).await;
+        assert_eq!(
+            code, 200,
+            "a down upstream does not make the broker unready: {ready}"
+        );
+        let state = ready["upstreams"]["everything"]
+            .as_str()
+            .unwrap_or_default()
+            .to_owned();
+        if state.starts_with("down: ") {
+            assert!(state.contains("exit status: 3"), "{ready}");
+            break;
+        }
+        assert!(Instant::now() < deadline, "never down in /readyz: {ready}");
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
     let task = c
         .call_task("ev_echo", json!({ "message": "anyone?" }))
         .await;

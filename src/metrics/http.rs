@@ -11,7 +11,7 @@ use axum::http::{StatusCode, header};
 use axum::middleware::{self, Next};
 use axum::response::{IntoResponse, Response};
 use axum::routing::get;
-use serde_json::json;
+use serde_json::{Value, json};
 use tokio_util::sync::CancellationToken;
 
 use super::get as metrics;
@@ -37,6 +37,7 @@ pub trait OpenStreams: std::fmt::Debug + Send + Sync {
 pub struct Scrape {
     store: Store,
     streams: Option<Arc<dyn OpenStreams>>,
+    upstreams: Option<Arc<dyn UpstreamStates>>,
     session_idle_ms: Option<i64>,
     /// One set of database reads at a time, whoever scrapes.
     gate: Arc<tokio::sync::Mutex<()>>,
@@ -56,7 +57,14 @@ impl Scrape {
             streams,
             session_idle_ms: session_idle.map(|d| i64::try_from(d.as_millis()).unwrap_or(i64::MAX)),
             gate: Arc::default(),
+            upstreams: None,
         }
+    }
+
+    /// `/readyz` also says how each upstream of the process stands.
+    pub fn with_upstreams(mut self, upstreams: Arc<dyn UpstreamStates>) -> Self {
+        self.upstreams = Some(upstreams);
+        self
     }
 
     /// Read the database gauges: a handful of indexed queries.
@@ -118,6 +126,12 @@ impl Scrape {
             }
         }
     }
+}
+
+/// How each upstream MCP server of a process stands, for `/readyz`.
+pub trait UpstreamStates: std::fmt::Debug + Send + Sync {
+    /// Per upstream, by name: `ready`, `starting`, or `down: <why>`.
+    fn states(&self) -> Vec<(String, String)>;
 }
 
 /// `/metrics` and `/readyz` over `scrape`.
@@ -212,11 +226,21 @@ async fn readyz(State(scrape): State<Scrape>) -> Response {
     } else {
         StatusCode::SERVICE_UNAVAILABLE
     };
-    let body = json!({
+    let mut body = json!({
         "status": if failed.is_empty() { "ready" } else { "not ready" },
         "failed": failed,
         "checks": { "database": database, "schema": schema, "writer": writer },
     });
+    // Detail, never a failure: the broker serves its other tools, and the
+    // calls of a down upstream wait for it (or end at their timeout).
+    if let Some(upstreams) = &scrape.upstreams {
+        let states: serde_json::Map<String, Value> = upstreams
+            .states()
+            .into_iter()
+            .map(|(name, state)| (name, Value::String(state)))
+            .collect();
+        body["upstreams"] = Value::Object(states);
+    }
     (status, axum::Json(body)).into_response()
 }
 

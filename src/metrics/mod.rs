@@ -24,7 +24,7 @@ use prometheus_client::registry::Registry;
 use crate::clock::now_ms;
 use crate::store::TaskStatus;
 
-pub use http::{OpenStreams, Scrape, http_layer, routes, serve_worker_metrics};
+pub use http::{OpenStreams, Scrape, UpstreamStates, http_layer, routes, serve_worker_metrics};
 
 /// Label set of the families: `(name, value)` pairs.
 type Labels = Vec<(&'static str, String)>;

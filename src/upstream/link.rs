@@ -20,6 +20,7 @@ use super::spec::UpstreamSpec;
 use super::tool::UpstreamTool;
 use super::{Session, SessionOptions};
 use crate::clock::now_ms;
+use crate::metrics::UpstreamStates;
 use crate::store::Store;
 use crate::tools::{Refused, Tool, ToolCatalog, ToolOutcome};
 
@@ -366,6 +367,26 @@ impl Drop for CallGuard {
     }
 }
 
+/// The links, read by `/readyz`.
+#[derive(Debug)]
+struct LinkStates(Vec<Arc<Link>>);
+
+impl UpstreamStates for LinkStates {
+    fn states(&self) -> Vec<(String, String)> {
+        self.0
+            .iter()
+            .map(|link| {
+                let status = link.status();
+                let state = match (status.state, status.last_error) {
+                    (LinkState::Down, Some(why)) => format!("down: {why}"),
+                    (state, _) => state.as_str().to_owned(),
+                };
+                (link.name().to_owned(), state)
+            })
+            .collect()
+    }
+}
+
 /// Every upstream of this process, kept up.
 pub struct Upstreams {
     links: Vec<Arc<Link>>,
@@ -428,6 +449,12 @@ impl Upstreams {
     /// Each upstream's connection.
     pub fn links(&self) -> &[Arc<Link>] {
         &self.links
+    }
+
+    /// How each one stands, for `/readyz`; None without upstreams.
+    pub fn states(&self) -> Option<Arc<dyn UpstreamStates>> {
+        (!self.links.is_empty())
+            .then(|| Arc::new(LinkStates(self.links.clone())) as Arc<dyn UpstreamStates>)
     }
 
     /// Stop every connection (stdio servers are stopped with them).
