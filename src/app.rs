@@ -250,6 +250,7 @@ pub async fn serve(config: ServeConfig) -> anyhow::Result<()> {
     let console = crate::console::Console {
         app: state.clone(),
         store: store.clone(),
+        upstreams: store.clone(),
         database: match Database::parse(&config.db) {
             Database::Sqlite(_) => "sqlite",
             Database::Postgres(_) => "postgres",

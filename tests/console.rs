@@ -636,7 +636,15 @@ async fn console_in_a_real_browser(driver: Driver) {
     let dir = root.join("tests/console");
     install_packages(&dir);
 
-    let server = Server::start_on(driver, &[]);
+    // With the reference MCP server as an upstream where it is installed
+    // (one tool of it), so the overview shows an upstream server.
+    let upstream = common::server_everything().map(|script| {
+        common::everything_section(&script, "everything", None, "include = [\"get-sum\"]\n")
+    });
+    let server = match &upstream {
+        Some(config) => Server::start_with_config_on(driver, config, &[]),
+        None => Server::start_on(driver, &[]),
+    };
     let _worker = WorkerProc::start(&server, 1, &[]);
     let ops = create_token(&server, "ops", &["--operator"]);
     let alice_token = create_token(&server, "alice", &[]);
@@ -666,6 +674,7 @@ async fn console_in_a_real_browser(driver: Driver) {
     };
     let shots = root.join("target/console-screenshots").join(driver_name);
     let _ = std::fs::remove_dir_all(&shots);
+    let has_upstream = upstream.is_some();
     let out = tokio::task::spawn_blocking({
         let (base, ops, shots, failed) =
             (base(&server), ops.clone(), shots.clone(), failed.clone());
@@ -680,6 +689,7 @@ async fn console_in_a_real_browser(driver: Driver) {
                 .env("TB_SEEDED_TOOL", "sleep")
                 .env("TB_FAILED_TASK", failed)
                 .env("TB_LONG_OWNER_TOKEN", long_owner_token)
+                .env("TB_UPSTREAM", if has_upstream { "everything" } else { "" })
                 .env("CHROMIUM", chromium)
                 .output()
                 .expect("node runs")
@@ -695,6 +705,12 @@ async fn console_in_a_real_browser(driver: Driver) {
         server.log()
     );
     assert!(!stdout.contains("not ok"), "{stdout}");
+    if has_upstream {
+        assert!(
+            stdout.contains("ok - the overview shows the upstream server everything ready"),
+            "{stdout}"
+        );
+    }
     for shot in [
         "01-login.png",
         "03-overview.png",

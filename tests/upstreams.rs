@@ -191,6 +191,19 @@ async fn tools_are_served_as_listed_and_plain_calls_reach_the_upstream(driver: D
     assert_eq!(restarts, 0);
     let served: Vec<String> = serde_json::from_str(&served.unwrap()).unwrap();
     assert!(served.contains(&"ev_echo".to_owned()), "{served:?}");
+
+    // The console's overview (loopback, no tokens) lists it.
+    let overview: Value = reqwest::get(server.url.replace("/mcp", "/ui/api/overview"))
+        .await
+        .unwrap()
+        .json()
+        .await
+        .unwrap();
+    let row = &overview["upstreams"][0];
+    assert_eq!(row["name"], "everything", "{overview}");
+    assert_eq!(row["state"], "ready", "{overview}");
+    assert_eq!(row["tools"], json!(served.len()), "{overview}");
+    assert_eq!(row["restarts"], 0, "{overview}");
 }
 both_drivers!(tools_are_served_as_listed_and_plain_calls_reach_the_upstream);
 

@@ -18,8 +18,8 @@ use super::pages::secure;
 use crate::broker::BrokerError;
 use crate::clock::now_ms;
 use crate::server::Actor;
-use crate::store::ops::{TaskFilter, TaskHistory, WorkerInfo, WorkerLife};
-use crate::store::{ResultKind, TaskStatus};
+use crate::store::ops::{TaskFilter, TaskHistory, ToolRunning, WorkerInfo, WorkerLife};
+use crate::store::{ResultKind, TaskStatus, UpstreamRow};
 
 /// Tasks per page unless asked.
 const PAGE: i64 = 50;
@@ -79,11 +79,14 @@ pub async fn overview(State(console): State<Console>, headers: HeaderMap, uri: U
         return r;
     }
     let now = now_ms();
-    let (stats, workers) =
-        match tokio::try_join!(console.store.ops_stats(now), console.store.ops_workers()) {
-            Ok(both) => both,
-            Err(e) => return internal(&e),
-        };
+    let (stats, workers, upstreams) = match tokio::try_join!(
+        console.store.ops_stats(now),
+        console.store.ops_workers(),
+        console.upstreams.upstreams_list()
+    ) {
+        Ok(all) => all,
+        Err(e) => return internal(&e),
+    };
     let mut tools: BTreeMap<String, Map<String, Value>> = BTreeMap::new();
     for d in console.app.broker.tools().definitions() {
         tool_row(&mut tools, &d.name);
@@ -140,8 +143,44 @@ pub async fn overview(State(console): State<Console>, headers: HeaderMap, uri: U
             "finished": finished,
             "tools": tools.into_values().collect::<Vec<_>>(),
             "workers": workers_json(workers, now),
+            "upstreams": upstreams_json(&console, upstreams, &stats.running),
         }),
     )
+}
+
+/// The overview's upstream servers: those of this broker's config (rows of
+/// upstreams no longer configured stay in the database, unshown), with
+/// the calls running now on the tools served from each.
+fn upstreams_json(console: &Console, rows: Vec<UpstreamRow>, running: &[ToolRunning]) -> Value {
+    let catalog = console.app.broker.catalog();
+    let configured = catalog.groups();
+    let rows = rows
+        .into_iter()
+        .filter(|r| configured.contains(&r.name))
+        .map(|r| {
+            let served: Vec<String> = r
+                .served
+                .as_deref()
+                .and_then(|s| serde_json::from_str(s).ok())
+                .unwrap_or_default();
+            let calls: i64 = running
+                .iter()
+                .filter(|x| served.contains(&x.tool))
+                .map(|x| x.jobs)
+                .sum();
+            json!({
+                "name": r.name,
+                "state": r.state,
+                "since": r.state_at,
+                "restarts": r.restarts,
+                "tools": served.len(),
+                "listedAt": r.listed_at,
+                "running": calls,
+                "lastError": r.last_error,
+            })
+        })
+        .collect();
+    Value::Array(rows)
 }
 
 /// The overview's row of `tool`, zeros until told otherwise.

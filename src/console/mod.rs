@@ -22,7 +22,7 @@ use axum::routing::{get, post};
 use tokio_util::sync::CancellationToken;
 
 use crate::server::AppState;
-use crate::store::OpsStore;
+use crate::store::{OpsStore, UpstreamStore};
 
 /// What the console's routes share.
 #[derive(Clone)]
@@ -33,6 +33,8 @@ pub struct Console {
     /// The operator reads, and nothing else of the store: writes (a
     /// cancel) go through the broker.
     pub store: Arc<dyn OpsStore + Send + Sync>,
+    /// The upstream servers' rows (state, tools), read for the overview.
+    pub upstreams: Arc<dyn UpstreamStore + Send + Sync>,
     /// `sqlite` or `postgres`, shown in the top bar.
     pub database: &'static str,
     /// Cancelled when the server starts to stop: live streams end.

@@ -95,6 +95,11 @@ impl ToolCatalog {
         groups.refused.get(group).cloned().unwrap_or_default()
     }
 
+    /// The groups (upstreams) that may be set, in order of precedence.
+    pub fn groups(&self) -> &[String] {
+        &self.order
+    }
+
     /// The tools of `group` left out now, and why.
     pub fn refused(&self, group: &str) -> Vec<Refused> {
         let groups = self.groups.lock().unwrap_or_else(PoisonError::into_inner);

@@ -11,6 +11,8 @@
 //   TB_SEEDED_TOOL     a tool that already ran tasks, e.g. echo
 //   TB_FAILED_TASK     the id of a failed task that was seeded
 //   TB_LONG_OWNER_TOKEN a valid non-operator token of a long principal name
+//   TB_UPSTREAM        the name of a ready upstream server of the broker's
+//                      config, if it has one (its row on the overview)
 //   CHROMIUM           the browser binary [default: /usr/bin/chromium]
 //
 // Run: npm ci && node browser.mjs (in this folder).
@@ -39,6 +41,7 @@ const SHOTS = required('TB_SHOTS');
 const SEEDED_TOOL = required('TB_SEEDED_TOOL');
 const FAILED_TASK = required('TB_FAILED_TASK');
 const LONG_OWNER_TOKEN = required('TB_LONG_OWNER_TOKEN');
+const UPSTREAM = process.env.TB_UPSTREAM || '';
 const CHROMIUM = process.env.CHROMIUM || '/usr/bin/chromium';
 
 /** Default wait for any element, navigation or condition. */
@@ -356,6 +359,20 @@ async function main() {
     expectEqual(pill.trim(), 'live', 'state pill of a live worker');
     await shot('03-overview');
   });
+
+  if (UPSTREAM) {
+    await check(`the overview shows the upstream server ${UPSTREAM} ready, with its tools`, async () => {
+      const row = page.locator(`#overview-upstreams tbody tr[data-upstream=${q(UPSTREAM)}]`);
+      await row.waitFor();
+      expectEqual((await row.locator('.pill').textContent()).trim(), 'ready', 'state pill of the upstream');
+      const cells = await row.locator('td').allTextContents();
+      expectEqual(cells[4].trim(), '1', 'tools served from it (include = ["get-sum"])');
+    });
+  } else {
+    await check('without upstream servers the overview has no upstream panel', async () => {
+      expectEqual(await page.locator('#overview-upstreams').isVisible(), false, 'upstream panel visible');
+    });
+  }
 
   // 3. The tasks list and its filters.
   await check('Tasks filtered by status failed lists only failed tasks, the seeded one among them', async () => {

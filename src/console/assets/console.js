@@ -2,7 +2,7 @@
 //
 // Three pages, routed on the client with history.pushState (the server
 // serves index.html for each of these paths):
-//   /ui                    overview: open/finished counts, by tool, workers
+//   /ui                    overview: open/finished counts, by tool, upstreams, workers
 //   /ui/tasks?status=...   task list with filters, keyset paged (before=SEQ)
 //   /ui/tasks/{taskId}     one task: arguments, timeline, attempts, progress,
 //                          input requests, result; Cancel while open
@@ -34,6 +34,8 @@
     claimed: 'blue', requeued: 'amber', finished: 'green',
     // input request states
     pending: 'amber', answered: 'green', abandoned: 'grey',
+    // upstream server states
+    ready: 'green', starting: 'amber', down: 'red',
   };
 
   // ==== Global state ====
@@ -467,6 +469,16 @@
     const workersBody = h('tbody');
     const toolsCount = h('span', { class: 'count' });
     const workersCount = h('span', { class: 'count' });
+    const upstreamsBody = h('tbody');
+    const upstreamsCount = h('span', { class: 'count' });
+    // Shown only when the broker's config has upstream servers.
+    const upstreamsPanel = panel('Upstream servers', { flush: true, extra: upstreamsCount },
+      table('overview-upstreams', [
+        ['Upstream'], ['State'], ['Since', 'num'], ['Restarts', 'num'],
+        ['Tools', 'num', 'Tools served from it (from its last tools/list)'],
+        ['Running', 'num', 'Calls running now on its tools'], ['Last error'],
+      ], upstreamsBody));
+    upstreamsPanel.hidden = true;
 
     app.append(
       pageHead('Overview', updated),
@@ -477,6 +489,7 @@
           ['Running', 'num', 'Jobs leased to a worker, tasks waiting for input included'],
           ['Finished / min', 'num'], ['Finished / h', 'num'], ['Failed / h', 'num'], ['Last failure'],
         ], toolsBody)),
+      upstreamsPanel,
       panel('Workers', { flush: true, extra: workersCount },
         table('overview-workers', [
           ['Worker'], ['Kind'], ['State'], ['Host'], ['PID', 'num'],
@@ -537,6 +550,22 @@
       }));
     }
 
+    function drawUpstreams(upstreams) {
+      upstreamsPanel.hidden = upstreams.length === 0;
+      const ready = upstreams.filter((u) => u.state === 'ready').length;
+      upstreamsCount.textContent = `${ready} ready of ${upstreams.length}`;
+      upstreamsBody.replaceChildren(...upstreams.map((u) => h('tr', { data: { upstream: u.name, state: u.state } },
+        h('td', null, u.name),
+        h('td', null, pill(u.state)),
+        h('td', { class: 'num' }, timeEl(u.since)),
+        countCell(u.restarts, 'bad'),
+        countCell(u.tools),
+        countCell(u.running),
+        u.lastError
+          ? h('td', { class: 'failure' }, h('span', { class: 'text', title: u.lastError }, u.lastError))
+          : h('td', null, dash()))));
+    }
+
     function drawWorkers(workers) {
       const live = workers.filter((w) => w.state === 'live').length;
       workersCount.textContent = `${live} live of ${workers.length}`;
@@ -562,6 +591,7 @@
       if (Number.isFinite(data.now)) clockSkew = data.now - Date.now();
       drawCards(data);
       drawTools(Array.isArray(data.tools) ? data.tools : []);
+      drawUpstreams(Array.isArray(data.upstreams) ? data.upstreams : []);
       drawWorkers(Array.isArray(data.workers) ? data.workers : []);
       updated.replaceChildren('Updated ', timeEl(Number.isFinite(data.now) ? data.now : nowMs()),
         ' · refreshes on task changes');
