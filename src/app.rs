@@ -14,7 +14,7 @@ use crate::defaults;
 use crate::server::connections::{Deadlines, Linger};
 use crate::server::{
     AppState, Audit, ClientRequests, RateLimiter, RequestLimits, ServerConfig, SessionStreams,
-    Sessions, StreamCounter, Streams, spawn_status_notifier,
+    Sessions, StreamCounter, Streams, spawn_status_notifier, spawn_tools_notifier,
 };
 use crate::store::{self, Database, Durability, Store, WorkerKind};
 use crate::tools::{TaskSupport, Tool, ToolCatalog};
@@ -240,6 +240,14 @@ pub async fn serve(config: ServeConfig) -> anyhow::Result<()> {
         session_streams.clone(),
         core.shutdown.clone(),
     );
+    // The tools change only with upstream servers.
+    let tools_notifier = (!core.broker.catalog().groups().is_empty()).then(|| {
+        spawn_tools_notifier(
+            core.broker.catalog().clone(),
+            session_streams.clone(),
+            core.shutdown.clone(),
+        )
+    });
     let state = app_state(
         &config,
         core.broker.clone(),
@@ -307,6 +315,9 @@ pub async fn serve(config: ServeConfig) -> anyhow::Result<()> {
     }
     core.stop().await;
     let _ = notifier.await;
+    if let Some(tools_notifier) = tools_notifier {
+        let _ = tools_notifier.await;
+    }
     tracing::info!("broker stopped");
     Ok(())
 }

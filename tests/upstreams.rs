@@ -746,3 +746,51 @@ async fn a_worker_process_runs_upstream_calls_and_survives_kill9(driver: Driver)
     assert!(second.log().contains("upstream ready"), "{}", second.log());
 }
 both_drivers!(a_worker_process_runs_upstream_calls_and_survives_kill9);
+
+/// Issue 25 item 6: an upstream that comes up after the broker started
+/// (nothing kept from an earlier run) adds its tools: the broker then
+/// declares `tools.listChanged`, tells the open GET stream of a 2025-11-25
+/// session `notifications/tools/list_changed`, and tools/list has them.
+async fn tools_arriving_later_are_announced_with_list_changed(driver: Driver) {
+    let Some(script) = server_everything() else {
+        return;
+    };
+    let dir = tempfile::tempdir().unwrap();
+    let gate = dir.path().join("up");
+    // The upstream's program fails until the file `up` exists.
+    let config = format!(
+        "[[upstream]]\nname = \"late\"\nprefix = \"late_\"\ninclude = [\"get-sum\"]\n\
+         command = [\"sh\", \"-c\", \"test -e '{}' || exit 4; exec node '{}' stdio\"]\n",
+        gate.display(),
+        script.display()
+    );
+    let server = Server::start_with_config_on(driver, &config, &[]);
+    let mut c = Client::new(&server.url);
+    let init = c.initialize().await;
+    assert_eq!(init["capabilities"]["tools"]["listChanged"], true, "{init}");
+    assert!(tool(&listed(&mut c).await, "late_get-sum").is_none());
+    let mut h = c.headers();
+    h.insert(
+        "accept",
+        reqwest::header::HeaderValue::from_static("text/event-stream"),
+    );
+    let response = c.http.get(&c.url).headers(h).send().await.unwrap();
+    assert_eq!(response.status().as_u16(), 200);
+    let mut sse = SseReader::new(response);
+
+    std::fs::write(&gate, "").unwrap();
+    let message = tokio::time::timeout(Duration::from_secs(30), async {
+        loop {
+            let (_, m) = sse.next_message().await.expect("the stream stays open");
+            if m["method"] == "notifications/tools/list_changed" {
+                break m;
+            }
+        }
+    })
+    .await
+    .unwrap_or_else(|_| panic!("no list_changed: {}", server.log()));
+    assert!(message.get("id").is_none(), "a notification: {message}");
+    let tools = listed(&mut c).await;
+    assert!(tool(&tools, "late_get-sum").is_some(), "{tools:?}");
+}
+both_drivers!(tools_arriving_later_are_announced_with_list_changed);

@@ -41,7 +41,7 @@ pub use limits::{
     RateLimiter, Refusal, RequestLimits, Requestor, StreamCounter, hold_while_streaming,
 };
 pub use modern::headers::Presence as HeaderPresence;
-pub use notify::{SessionStreams, spawn_status_notifier};
+pub use notify::{SessionStreams, spawn_status_notifier, spawn_tools_notifier};
 pub use sessions::{Session, Sessions};
 pub use streams::Streams;
 

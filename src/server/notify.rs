@@ -5,19 +5,22 @@
 //! A GET stream's event ids are `g-<feed position>`: a client that
 //! reconnects with `Last-Event-ID` gets the changes of its tasks after that
 //! position, read from the database (so a restart loses none), then the
-//! rest live.
+//! rest live. `notifications/tools/list_changed` goes to every GET stream
+//! when the tools served change (upstream servers).
 
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::{Duration, Instant};
 
-use serde_json::Value;
+use serde_json::{Value, json};
 use tokio::sync::{broadcast, mpsc};
 use tokio_util::sync::CancellationToken;
 
 use super::dispatch::task_json;
+use super::sse::UNPOSITIONED;
 use crate::broker::{Broker, FeedEvent, task_at_event};
 use crate::mcp;
+use crate::tools::ToolCatalog;
 
 /// One open GET stream: (feed position, notification) pairs go to it.
 type Listener = mpsc::UnboundedSender<(i64, Value)>;
@@ -172,6 +175,15 @@ impl SessionStreams {
             .is_some_and(|v| v.iter().any(|tx| !tx.is_closed()))
     }
 
+    /// Send to every open GET stream, whoever owns it, forgetting closed
+    /// ones (a message with no feed position: [`UNPOSITIONED`]).
+    fn broadcast(&self, message: &Value) {
+        self.lock().retain(|_, senders| {
+            senders.retain(|tx| tx.send((UNPOSITIONED, message.clone())).is_ok());
+            !senders.is_empty()
+        });
+    }
+
     /// Send to every open GET stream of `owner`, forgetting closed ones.
     fn send(&self, owner: &str, id: i64, message: &Value) {
         let mut map = self.lock();
@@ -233,6 +245,46 @@ pub fn spawn_status_notifier(
                 change.id,
                 &status_notification(&task_at_event(change)),
             );
+        }
+    })
+}
+
+/// Tell every open GET stream `notifications/tools/list_changed` when the
+/// tools served change (an upstream server started, stopped serving one,
+/// or said its list changed), until `shutdown`. Only a change clients can
+/// see counts: the same list served again says nothing.
+pub fn spawn_tools_notifier(
+    catalog: Arc<ToolCatalog>,
+    streams: Arc<SessionStreams>,
+    shutdown: CancellationToken,
+) -> tokio::task::JoinHandle<()> {
+    let mut changed = catalog.changed();
+    let listing = |catalog: &ToolCatalog| {
+        let listed: Vec<Value> = catalog
+            .current()
+            .definitions()
+            .map(|d| d.to_json())
+            .collect();
+        Value::Array(listed).to_string()
+    };
+    let mut served = listing(&catalog);
+    tokio::spawn(async move {
+        loop {
+            tokio::select! {
+                _ = shutdown.cancelled() => return,
+                next = changed.changed() => if next.is_err() { return },
+            }
+            let now = listing(&catalog);
+            if now != served {
+                served = now;
+                tracing::debug!(
+                    "tools changed: notifications/tools/list_changed to the open GET streams"
+                );
+                streams.broadcast(&mcp::notification(
+                    "notifications/tools/list_changed",
+                    json!({}),
+                ));
+            }
         }
     })
 }

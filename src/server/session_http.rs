@@ -217,10 +217,13 @@ pub(super) async fn initialize(
             );
         }
     };
+    // The tools change only with upstream servers (and then the GET
+    // streams are told).
+    let list_changed = !state.broker.catalog().groups().is_empty();
     let result = json!({
         "protocolVersion": version,
         "capabilities": {
-            "tools": { "listChanged": false },
+            "tools": { "listChanged": list_changed },
             "logging": {},
             "tasks": {
                 "list": {},

@@ -147,9 +147,14 @@ pub fn respond(
     sse_response(stream)
 }
 
+/// The feed position of a message on a session's GET stream that is not a
+/// status change ([`session_stream`] numbers it with the last position).
+pub const UNPOSITIONED: i64 = -1;
+
 /// A session's GET stream: the priming event (id `g-<from>`, with `retry`),
 /// the `replay`ed messages, then `live` ones newer than those, each with id
-/// `g-<feed position>`, and keep-alives in between.
+/// `g-<feed position>` ([`UNPOSITIONED`] ones with the last), and
+/// keep-alives in between.
 pub fn session_stream(
     keep_alive: Duration,
     retry_ms: u64,
@@ -167,6 +172,11 @@ pub fn session_stream(
         loop {
             tokio::select! {
                 next = live.recv() => match next {
+                    // Not a status change (tools/list_changed): no feed
+                    // position of its own; a resume goes on from `last`.
+                    Some((UNPOSITIONED, m)) => {
+                        yield Ok(message_event(&format!("g-{last}"), &m));
+                    }
                     // Already replayed (the live feed was attached first).
                     Some((id, _)) if id <= last => {}
                     Some((id, m)) => {

@@ -4,8 +4,9 @@
 //! broker honours `taskIds` (the tasks extension): the current state of
 //! each of those tasks, then `notifications/tasks` with the full
 //! DetailedTask whenever one changes. Every notification carries the
-//! subscription id (the listen request's id) in `_meta`. The tools never
-//! change, so list-changed subscriptions are not honoured.
+//! subscription id (the listen request's id) in `_meta`. List-changed
+//! subscriptions are not honoured: the tools change only with upstream
+//! servers, and 2025-11-25 sessions are told on their GET stream.
 
 use std::convert::Infallible;
 
