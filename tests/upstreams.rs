@@ -643,6 +643,10 @@ fn a_bad_upstream_config_is_refused_with_file_line_and_reason() {
             "[[upstream]]\nname = \"x\"\n",
             "taskbroker.toml:2: upstream 'x': give the server's command",
         ),
+        (
+            "[[upstream]]\nname = \"x\"\ncommand = [\"sh\"]\nprincipals = []\n",
+            "taskbroker.toml:4: upstream 'x': principals = [] would hide its tools from every client",
+        ),
     ] {
         std::fs::write(dir.path().join("taskbroker.toml"), config).unwrap();
         let out = std::process::Command::new(env!("CARGO_BIN_EXE_taskbroker"))
@@ -794,3 +798,139 @@ async fn tools_arriving_later_are_announced_with_list_changed(driver: Driver) {
     assert!(tool(&tools, "late_get-sum").is_some(), "{tools:?}");
 }
 both_drivers!(tools_arriving_later_are_announced_with_list_changed);
+
+/// Issue 25 item 1: `principals` on an upstream: its tools are listed to
+/// and callable by those principals only (plainly and as tasks, in both
+/// protocol generations); to any other client, a token's or none, they do
+/// not exist. The broker's own tools serve everyone. The upstream's
+/// credentials (its `env`) are not in the log.
+async fn an_upstreams_tools_serve_only_its_principals(driver: Driver) {
+    let Some(script) = server_everything() else {
+        return;
+    };
+    let server = broker(
+        driver,
+        &script,
+        "principals = [\"alice\"]\ninclude = [\"get-sum\"]\nenv = { API_KEY = \"s3cret-value\" }\n",
+        &[],
+    );
+    let alice_token = common::create_token(&server, "alice", &[]);
+    let bob_token = common::create_token(&server, "bob", &[]);
+    let session_of = |token: &str| {
+        let mut c = Client::new(&server.url);
+        c.token = Some(token.to_owned());
+        c
+    };
+    let mut alice = session_of(&alice_token);
+    alice.initialize().await;
+    let mut bob = session_of(&bob_token);
+    bob.initialize().await;
+
+    assert!(tool(&listed(&mut alice).await, "ev_get-sum").is_some());
+    let sum = alice
+        .ok(
+            "tools/call",
+            json!({ "name": "ev_get-sum", "arguments": { "a": 2, "b": 3 } }),
+        )
+        .await;
+    assert_eq!(text_of(&sum), "The sum of 2 and 3 is 5.");
+    let task = alice
+        .call_task("ev_get-sum", json!({ "a": 1, "b": 1 }))
+        .await;
+    let done = alice
+        .wait_terminal(task["taskId"].as_str().unwrap(), Duration::from_secs(20))
+        .await;
+    assert_eq!(done["status"], "completed", "{done}");
+
+    let bobs = listed(&mut bob).await;
+    assert!(tool(&bobs, "ev_get-sum").is_none(), "{bobs:?}");
+    assert!(
+        tool(&bobs, "sleep").is_some(),
+        "the broker's own tools serve everyone"
+    );
+    for params in [
+        json!({ "name": "ev_get-sum", "arguments": { "a": 2, "b": 3 } }),
+        json!({ "name": "ev_get-sum", "arguments": { "a": 2, "b": 3 }, "task": { "ttl": 60000 } }),
+    ] {
+        let refused = bob.request("tools/call", params).await;
+        assert_eq!(refused["error"]["code"], -32602, "{refused}");
+        assert_eq!(
+            refused["error"]["message"], "Unknown tool: ev_get-sum",
+            "as if it did not exist: {refused}"
+        );
+    }
+
+    // MCP 2026-07-28, with bob's token: not listed (the list is private to
+    // each principal), not callable.
+    let post = |token: &str, id: i64, method: &str, params: Value| {
+        let mut params = params;
+        params["_meta"] = json!({
+            "io.modelcontextprotocol/protocolVersion": "2026-07-28",
+            "io.modelcontextprotocol/clientCapabilities": {},
+        });
+        let mut request = reqwest::Client::new()
+            .post(&server.url)
+            .bearer_auth(token)
+            .header("accept", "application/json, text/event-stream")
+            .header("mcp-protocol-version", "2026-07-28")
+            .header("mcp-method", method)
+            .json(&json!({ "jsonrpc": "2.0", "id": id, "method": method, "params": params }));
+        if let Some(name) = params.get("name").and_then(Value::as_str) {
+            request = request.header("mcp-name", name);
+        }
+        request
+    };
+    let listed: Value = post(&bob_token, 1, "tools/list", json!({}))
+        .send()
+        .await
+        .unwrap()
+        .json()
+        .await
+        .unwrap();
+    let names: Vec<&str> = listed["result"]["tools"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter_map(|t| t["name"].as_str())
+        .collect();
+    assert!(
+        !names.contains(&"ev_get-sum") && names.contains(&"sleep"),
+        "{listed}"
+    );
+    assert_eq!(listed["result"]["cacheScope"], "private", "{listed}");
+    let refused: Value = post(
+        &bob_token,
+        2,
+        "tools/call",
+        json!({ "name": "ev_get-sum", "arguments": { "a": 2, "b": 3 } }),
+    )
+    .send()
+    .await
+    .unwrap()
+    .json()
+    .await
+    .unwrap();
+    assert_eq!(
+        refused["error"]["message"], "Unknown tool: ev_get-sum",
+        "{refused}"
+    );
+    let called: Value = post(
+        &alice_token,
+        3,
+        "tools/call",
+        json!({ "name": "ev_get-sum", "arguments": { "a": 2, "b": 3 } }),
+    )
+    .send()
+    .await
+    .unwrap()
+    .json()
+    .await
+    .unwrap();
+    assert_eq!(
+        called["result"]["content"][0]["text"], "The sum of 2 and 3 is 5.",
+        "{called}"
+    );
+    // The upstream's credentials never reach the log.
+    assert!(!server.log().contains("s3cret-value"), "{}", server.log());
+}
+both_drivers!(an_upstreams_tools_serve_only_its_principals);

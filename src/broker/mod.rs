@@ -253,11 +253,17 @@ impl Broker {
         self.job_queued.clone()
     }
 
-    /// The tool for a call, after the taskSupport rules (T-4, T-5, T-6).
-    pub fn tool_for_call(&self, name: &str, as_task: bool) -> Result<Arc<dyn Tool>, BrokerError> {
+    /// The tool `owner` calls, after the taskSupport rules (T-4, T-5,
+    /// T-6); a tool hidden from its principal is unknown to it.
+    pub fn tool_for_call(
+        &self,
+        name: &str,
+        owner: &Owner,
+        as_task: bool,
+    ) -> Result<Arc<dyn Tool>, BrokerError> {
         let tools = self.tools.current();
         let tool = tools
-            .get(name)
+            .get_for(name, owner.principal_name())
             .ok_or_else(|| BrokerError::UnknownTool(name.to_owned()))?;
         match (tool.definition().task_support, as_task) {
             (TaskSupport::Forbidden, true) => Err(BrokerError::TaskForbidden(name.to_owned())),
@@ -305,8 +311,8 @@ impl Broker {
         requested_ttl: Option<i64>,
         progress_token: Option<Value>,
     ) -> Result<Task, BrokerError> {
+        let tool = self.tool_for_call(name, caller.owner, true)?;
         let owner = caller.owner.as_str();
-        let tool = self.tool_for_call(name, true)?;
         let ttl_ms = self.effective_ttl(requested_ttl)?;
         let arguments = Value::Object(arguments);
         self.check_arguments_size(&arguments)?;

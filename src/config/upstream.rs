@@ -53,6 +53,9 @@ pub struct UpstreamSection {
     /// Settings of one tool, by the upstream's name for it.
     #[serde(default)]
     pub tools: BTreeMap<String, ToolSettingsSection>,
+    /// The principals (token names) that may see and call its tools;
+    /// absent: every client.
+    pub principals: Option<Spanned<Vec<String>>>,
 }
 
 impl UpstreamSection {
@@ -139,6 +142,24 @@ impl Config {
                 Some(dir) => Some(dir.clone()),
                 None => Some(self.base_dir()),
             };
+            let principals = match &section.principals {
+                None => None,
+                Some(list) if list.get_ref().is_empty() => {
+                    return Err(self.error(
+                        self.line_of(list.span().start),
+                        format!("{what}: principals = [] would hide its tools from every client (leave it out to serve them to all)"),
+                    ));
+                }
+                Some(list) => match list.get_ref().iter().find(|p| p.trim().is_empty()) {
+                    Some(_) => {
+                        return Err(self.error(
+                            self.line_of(list.span().start),
+                            format!("{what}: principals: an empty name"),
+                        ));
+                    }
+                    None => Some(list.get_ref().clone()),
+                },
+            };
             upstreams.push(UpstreamSpec {
                 transport: StdioSpec {
                     name: name.clone(),
@@ -155,6 +176,7 @@ impl Config {
                 exclude: section.exclude.clone(),
                 defaults,
                 tools,
+                principals,
             });
         }
         Ok(upstreams)

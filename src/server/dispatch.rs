@@ -46,7 +46,7 @@ pub async fn dispatch(
     match method {
         "ping" => Reply::Done(Ok(json!({}))),
         "logging/setLevel" => logging_set_level(session, params),
-        "tools/list" => tools_list(state, params),
+        "tools/list" => tools_list(state, session, params),
         "tools/call" => tools_call(state, session, sse, id, params).await,
         "tasks/get" => tasks_get(state, session, params).await,
         "tasks/result" => tasks_result(state, session, params).await,
@@ -77,7 +77,7 @@ fn logging_set_level(session: &Session, params: Option<&Value>) -> Reply {
     }
 }
 
-fn tools_list(state: &AppState, params: Option<&Value>) -> Reply {
+fn tools_list(state: &AppState, session: &Session, params: Option<&Value>) -> Reply {
     // T-2: a `task` field here is ignored (tools/list is not task-capable).
     let params: PaginatedParams = match parse_params("tools/list", params) {
         Ok(p) => p,
@@ -87,10 +87,11 @@ fn tools_list(state: &AppState, params: Option<&Value>) -> Reply {
         // Every tool fits on one page, so no cursor was ever handed out.
         return Reply::err(RpcError::invalid_params("Invalid cursor"));
     }
+    let owner = session.owner();
     let tools: Vec<Value> = state
         .broker
         .tools()
-        .definitions()
+        .definitions_for(owner.principal_name())
         .map(|d| d.to_json())
         .collect();
     Reply::Done(Ok(json!({ "tools": tools })))
@@ -138,7 +139,7 @@ async fn tools_call(
             }
         };
     }
-    let tool = match broker.tool_for_call(&params.name, false) {
+    let tool = match broker.tool_for_call(&params.name, &session.owner(), false) {
         Ok(t) => t,
         Err(e) => return Reply::err(e.to_rpc("call")),
     };

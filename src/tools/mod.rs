@@ -335,6 +335,17 @@ pub trait Tool: Send + Sync {
     fn before_task(&self, arguments: Value, _answers: &Map<String, Value>) -> BeforeTask {
         BeforeTask::Run(arguments)
     }
+    /// Whether `principal` (None: a client without a token) may see and
+    /// call it. Every client may, unless the tool says otherwise (an
+    /// upstream server's `principals`).
+    fn allows(&self, _principal: Option<&str>) -> bool {
+        true
+    }
+    /// Whether some clients may not see it ([`Tool::allows`] is not always
+    /// true): tool lists then differ by principal.
+    fn restricted(&self) -> bool {
+        false
+    }
 }
 
 /// Why a registry could not be built.
@@ -415,6 +426,28 @@ impl Registry {
     /// Every definition, by name.
     pub fn definitions(&self) -> impl Iterator<Item = &ToolDefinition> {
         self.tools.values().map(|e| e.tool.definition())
+    }
+
+    /// A tool by name, if `principal` may call it (one it may not is as
+    /// unknown to it as one that does not exist).
+    pub fn get_for(&self, name: &str, principal: Option<&str>) -> Option<&Arc<dyn Tool>> {
+        self.get(name).filter(|t| t.allows(principal))
+    }
+
+    /// The definitions `principal` may see, by name.
+    pub fn definitions_for<'a>(
+        &'a self,
+        principal: Option<&'a str>,
+    ) -> impl Iterator<Item = &'a ToolDefinition> + 'a {
+        self.tools
+            .values()
+            .filter(move |e| e.tool.allows(principal))
+            .map(|e| e.tool.definition())
+    }
+
+    /// Whether some tool is hidden from some clients.
+    pub fn restricted(&self) -> bool {
+        self.tools.values().any(|e| e.tool.restricted())
     }
 
     /// Check arguments against the tool's inputSchema; the error lists every

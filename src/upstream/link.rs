@@ -107,6 +107,11 @@ impl Link {
         &self.spec.name
     }
 
+    /// The upstream as the config file declared it.
+    pub fn spec(&self) -> &UpstreamSpec {
+        &self.spec
+    }
+
     /// Its state now.
     pub fn status(&self) -> LinkStatus {
         self.status

@@ -88,9 +88,21 @@ pub struct UpstreamSpec {
     pub defaults: ToolSettings,
     /// Settings of one tool (by the upstream's name), over `defaults`.
     pub tools: BTreeMap<String, ToolSettings>,
+    /// The principals that may see and call its tools; None: every client.
+    pub principals: Option<Vec<String>>,
 }
 
 impl UpstreamSpec {
+    /// Whether `principal` (None: a client without a token) may see and
+    /// call its tools.
+    pub fn allows(&self, principal: Option<&str>) -> bool {
+        match (&self.principals, principal) {
+            (None, _) => true,
+            (Some(allowed), Some(p)) => allowed.iter().any(|a| a == p),
+            (Some(_), None) => false,
+        }
+    }
+
     /// Whether the upstream's tool `name` is served.
     pub fn serves(&self, name: &str) -> bool {
         self.include

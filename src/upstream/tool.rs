@@ -280,6 +280,14 @@ impl Tool for UpstreamTool {
         &self.def
     }
 
+    fn allows(&self, principal: Option<&str>) -> bool {
+        self.link.spec().allows(principal)
+    }
+
+    fn restricted(&self) -> bool {
+        self.link.spec().principals.is_some()
+    }
+
     fn call(&self, arguments: Value, ctx: ToolContext) -> ToolFuture<'_> {
         Box::pin(async move {
             let call = self.link.call_started();

@@ -68,12 +68,16 @@ pub async fn call(state: &AppState, request: &Request<'_>) -> Answer {
 async fn start(state: &AppState, request: &Request<'_>) -> Result<Answer, Refusal> {
     let p: CallParams = mcp::parse_params("tools/call", request.params).map_err(Refusal::rpc)?;
     let broker = &state.broker;
-    let tool = broker.tools().get(&p.name).cloned().ok_or_else(|| {
-        Refusal::rpc(RpcError::invalid_params(format!(
-            "Unknown tool: {}",
-            p.name
-        )))
-    })?;
+    let tool = broker
+        .tools()
+        .get_for(&p.name, request.owner.principal_name())
+        .cloned()
+        .ok_or_else(|| {
+            Refusal::rpc(RpcError::invalid_params(format!(
+                "Unknown tool: {}",
+                p.name
+            )))
+        })?;
     let target = format!("tools/call:{}", p.name);
     let answers = answers_so_far(state, &target, &p).await?;
     let arguments = Value::Object(p.arguments.unwrap_or_default());

@@ -284,10 +284,9 @@ fn tools_list(state: &AppState, request: &Request<'_>) -> Result<Value, Refusal>
     if request.params.and_then(|p| p.get("cursor")).is_some() {
         return Err(Refusal::rpc(RpcError::invalid_params("Invalid cursor")));
     }
-    let tools: Vec<Value> = state
-        .broker
-        .tools()
-        .definitions()
+    let registry = state.broker.tools();
+    let tools: Vec<Value> = registry
+        .definitions_for(request.owner.principal_name())
         .map(|d| {
             let mut tool = d.to_json();
             if let Value::Object(obj) = &mut tool {
@@ -296,7 +295,12 @@ fn tools_list(state: &AppState, request: &Request<'_>) -> Result<Value, Refusal>
             tool
         })
         .collect();
-    Ok(cacheable(json!({ "tools": tools })))
+    let mut result = cacheable(json!({ "tools": tools }));
+    if registry.restricted() {
+        // Some tools are served to some principals only.
+        result["cacheScope"] = json!("private");
+    }
+    Ok(result)
 }
 
 /// The JSON-RPC error response.
