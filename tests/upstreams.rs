@@ -934,3 +934,189 @@ async fn an_upstreams_tools_serve_only_its_principals(driver: Driver) {
     assert!(!server.log().contains("s3cret-value"), "{}", server.log());
 }
 both_drivers!(an_upstreams_tools_serve_only_its_principals);
+
+// ---------------------------------------------------------------------
+// Streamable HTTP upstreams.
+// ---------------------------------------------------------------------
+
+/// Issue 25 items 1-4 over Streamable HTTP: server-everything started as
+/// its users start it (`streamableHttp`), declared with `url`, a header
+/// and a bearer token read from the environment. Its tools are served
+/// (those it registers after the handshake too: its tools/list_changed
+/// comes on the session's GET stream); a plain call, a task with the
+/// upstream's progress, an elicitation answered through the task, and a
+/// cancel all work; the token is never in the log.
+async fn an_http_upstream_serves_plain_calls_tasks_questions_and_cancels(driver: Driver) {
+    let Some(script) = server_everything() else {
+        return;
+    };
+    let upstream = common::EverythingHttp::start(&script);
+    let config = format!(
+        "[[upstream]]\nname = \"web\"\nprefix = \"ev_\"\nurl = \"{}\"\n\
+         headers = {{ X-Client = \"taskbroker-tests\" }}\nbearer_token_env = \"TB_TEST_UPSTREAM_TOKEN\"\n",
+        upstream.url
+    );
+    let server = Server::start_with_config_on_env(
+        driver,
+        &config,
+        &[],
+        &[("TB_TEST_UPSTREAM_TOKEN", "tok-Secret-42")],
+    );
+    let mut c = elicit_client(&server).await;
+    let deadline = Instant::now() + Duration::from_secs(20);
+    while tool(&listed(&mut c).await, "ev_trigger-elicitation-request").is_none() {
+        assert!(Instant::now() < deadline, "{}", server.log());
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+
+    let sum = c
+        .ok(
+            "tools/call",
+            json!({ "name": "ev_get-sum", "arguments": { "a": 2, "b": 3 } }),
+        )
+        .await;
+    assert_eq!(text_of(&sum), "The sum of 2 and 3 is 5.");
+
+    let task = c
+        .call_task(
+            "ev_trigger-long-running-operation",
+            json!({ "duration": 1, "steps": 2 }),
+        )
+        .await;
+    let task_id = task["taskId"].as_str().unwrap().to_owned();
+    let done = c.wait_terminal(&task_id, Duration::from_secs(20)).await;
+    assert_eq!(done["status"], "completed", "{done}");
+    let db = server.db_reader().await;
+    let progress: i64 = db
+        .scalar(
+            "SELECT COUNT(*) FROM task_progress p JOIN tasks t ON t.seq = p.task_seq WHERE t.task_id = $1",
+            &[Arg::Text(task_id.clone())],
+        )
+        .await;
+    db.close().await;
+    assert!(progress >= 1, "the upstream's progress was kept");
+
+    // A question of the upstream, answered through the task.
+    let task = c
+        .call_task("ev_trigger-elicitation-request", json!({}))
+        .await;
+    let task_id = task["taskId"].as_str().unwrap().to_owned();
+    wait_status(&mut c, &task_id, "input_required", Duration::from_secs(20)).await;
+    let (_, response) = c
+        .post_stream("tasks/result", json!({ "taskId": task_id }))
+        .await;
+    let mut sse = SseReader::new(response);
+    let request = loop {
+        let (_, m) = sse.next_message().await.expect("the question");
+        if m.get("method").is_some() && m.get("id").is_some() {
+            break m;
+        }
+    };
+    assert_eq!(request["method"], "elicitation/create", "{request}");
+    let body = json!({
+        "jsonrpc": "2.0",
+        "id": request["id"],
+        "result": { "action": "accept", "content": { "name": "Ada Lovelace", "check": true } },
+    });
+    let raw = c.post_raw(c.headers(), body.to_string()).await;
+    assert_eq!(raw.status, 202, "{}", raw.body);
+    let last = loop {
+        let (_, m) = sse.next_message().await.expect("the result");
+        if m.get("result").is_some() || m.get("error").is_some() {
+            break m;
+        }
+    };
+    assert!(
+        last["result"].to_string().contains("Ada Lovelace"),
+        "{last}"
+    );
+
+    // A cancel ends the task cancelled.
+    let task = c
+        .call_task(
+            "ev_trigger-long-running-operation",
+            json!({ "duration": 60, "steps": 60 }),
+        )
+        .await;
+    let task_id = task["taskId"].as_str().unwrap().to_owned();
+    let deadline = Instant::now() + Duration::from_secs(20);
+    while checkpoint_of(&server, &task_id).await.is_none() {
+        assert!(Instant::now() < deadline, "never sent: {}", server.log());
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    c.ok("tasks/cancel", json!({ "taskId": task_id })).await;
+    let cancelled = c.wait_terminal(&task_id, Duration::from_secs(10)).await;
+    assert_eq!(cancelled["status"], "cancelled", "{cancelled}");
+
+    let (state, _, _, _) = upstream_row(&server, "web").await;
+    assert_eq!(state, "ready");
+    assert!(
+        !server.log().contains("tok-Secret-42"),
+        "the token is never logged"
+    );
+}
+both_drivers!(an_http_upstream_serves_plain_calls_tasks_questions_and_cancels);
+
+/// Issue 25 "bad input": a URL that refuses is a clear state (down, with
+/// the reason), not a refusal to start; the broker's own tools serve. A
+/// bad url, a missing token variable, or both command and url are
+/// refused at start with file:line.
+#[tokio::test]
+async fn an_http_upstream_that_refuses_is_a_clear_state_and_bad_http_configs_are_refused() {
+    let port = std::net::TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port();
+    let config = format!("[[upstream]]\nname = \"gone\"\nurl = \"http://127.0.0.1:{port}/mcp\"\n");
+    let server = Server::start_with_config(&config, &[]);
+    wait_upstream_state(&server, "gone", "down", Duration::from_secs(20)).await;
+    let (_, last_error, _, _) = upstream_row(&server, "gone").await;
+    let last_error = last_error.unwrap();
+    assert!(
+        last_error.contains(&format!("cannot reach http://127.0.0.1:{port}/mcp")),
+        "{last_error}"
+    );
+    let mut c = server.client().await;
+    let echo = c
+        .ok(
+            "tools/call",
+            json!({ "name": "echo", "arguments": { "a": 1 } }),
+        )
+        .await;
+    assert!(text_of(&echo).contains("\"a\":1"), "{echo}");
+
+    let dir = tempfile::tempdir().unwrap();
+    for (config, expected) in [
+        (
+            "[[upstream]]\nname = \"x\"\nurl = \"ftp://example\"\n",
+            "taskbroker.toml:3: upstream 'x': url 'ftp://example' is not an http:// or https:// URL",
+        ),
+        (
+            "[[upstream]]\nname = \"x\"\nurl = \"http://127.0.0.1:9/mcp\"\nbearer_token_env = \"TB_NO_SUCH_VARIABLE_SET\"\n",
+            "taskbroker.toml:4: upstream 'x': bearer_token_env: the environment variable TB_NO_SUCH_VARIABLE_SET is not set",
+        ),
+        (
+            "[[upstream]]\nname = \"x\"\ncommand = [\"sh\"]\nurl = \"http://127.0.0.1:9/mcp\"\n",
+            "taskbroker.toml:4: upstream 'x': give either command (a stdio server) or url (an HTTP server), not both",
+        ),
+    ] {
+        std::fs::write(dir.path().join("taskbroker.toml"), config).unwrap();
+        let out = std::process::Command::new(env!("CARGO_BIN_EXE_taskbroker"))
+            .current_dir(dir.path())
+            .env_remove("TB_NO_SUCH_VARIABLE_SET")
+            .args([
+                "serve",
+                "--config",
+                "taskbroker.toml",
+                "--listen",
+                "127.0.0.1:0",
+            ])
+            .output()
+            .unwrap();
+        assert_eq!(out.status.code(), Some(1), "{config}");
+        let stderr = String::from_utf8_lossy(&out.stderr);
+        assert!(stderr.contains(expected), "{config}: {stderr}");
+        assert_eq!(stderr.trim().lines().count(), 1, "one line: {stderr}");
+    }
+}

@@ -11,7 +11,7 @@ use serde::Deserialize;
 use toml::Spanned;
 
 use super::{Config, ConfigError, DurationValue};
-use crate::upstream::{Retry, StdioSpec, ToolSettings, UpstreamSpec};
+use crate::upstream::{HttpSpec, Retry, StdioSpec, ToolSettings, Transport, UpstreamSpec};
 
 /// How long a stdio upstream gets between TERM and KILL, unless set.
 const DEFAULT_KILL_GRACE: std::time::Duration = std::time::Duration::from_secs(5);
@@ -24,6 +24,13 @@ pub struct UpstreamSection {
     pub name: Spanned<String>,
     /// A stdio server: argv (no shell), relative to the config's folder.
     pub command: Option<Spanned<Vec<String>>>,
+    /// A Streamable HTTP server: its MCP endpoint.
+    pub url: Option<Spanned<String>>,
+    /// Headers sent to an HTTP server with every request.
+    pub headers: Option<Spanned<BTreeMap<String, String>>>,
+    /// The environment variable holding the HTTP server's bearer token
+    /// (the token itself is never in the file).
+    pub bearer_token_env: Option<Spanned<String>>,
     /// Environment added for a stdio server.
     #[serde(default)]
     pub env: BTreeMap<String, String>,
@@ -111,14 +118,7 @@ impl Config {
                 ));
             }
             let what = format!("upstream '{name}'");
-            let Some(command) = &section.command else {
-                return Err(self.error(
-                    line,
-                    format!("{what}: give the server's command (argv), e.g. command = [\"npx\", \"-y\", \"@modelcontextprotocol/server-everything\"]"),
-                ));
-            };
-            let argv =
-                self.resolve_command(command.get_ref(), self.line_of(command.span().start), &what)?;
+            let transport = self.upstream_transport(section, &name, &what, line)?;
             let prefix = match &section.prefix {
                 None => String::new(),
                 Some(p) if p.get_ref().is_empty() || super::is_tool_name(p.get_ref()) => {
@@ -137,11 +137,6 @@ impl Config {
                 let tool_what = format!("{what}, tool '{tool}'");
                 tools.insert(tool.clone(), self.tool_settings(settings, &tool_what)?);
             }
-            let working_dir = match &section.working_dir {
-                Some(dir) if dir.is_relative() => Some(self.base_dir().join(dir)),
-                Some(dir) => Some(dir.clone()),
-                None => Some(self.base_dir()),
-            };
             let principals = match &section.principals {
                 None => None,
                 Some(list) if list.get_ref().is_empty() => {
@@ -161,15 +156,7 @@ impl Config {
                 },
             };
             upstreams.push(UpstreamSpec {
-                transport: StdioSpec {
-                    name: name.clone(),
-                    argv,
-                    env: section.env.clone(),
-                    working_dir,
-                    kill_grace: self
-                        .duration(&section.kill_grace)?
-                        .unwrap_or(DEFAULT_KILL_GRACE),
-                },
+                transport,
                 name,
                 prefix,
                 include: section.include.clone(),
@@ -180,6 +167,116 @@ impl Config {
             });
         }
         Ok(upstreams)
+    }
+
+    /// How `section` is reached: a command (stdio) or a url (HTTP),
+    /// exactly one, with only the settings of that kind.
+    fn upstream_transport(
+        &self,
+        section: &UpstreamSection,
+        name: &str,
+        what: &str,
+        line: usize,
+    ) -> Result<Transport, ConfigError> {
+        match (&section.command, &section.url) {
+            (Some(_), Some(url)) => Err(self.error(
+                self.line_of(url.span().start),
+                format!("{what}: give either command (a stdio server) or url (an HTTP server), not both"),
+            )),
+            (None, None) => Err(self.error(
+                line,
+                format!("{what}: give the server's command (argv), e.g. command = [\"npx\", \"-y\", \"@modelcontextprotocol/server-everything\"], or its url"),
+            )),
+            (Some(command), None) => {
+                if let Some(h) = &section.headers {
+                    return Err(self.error(
+                        self.line_of(h.span().start),
+                        format!("{what}: headers apply to an HTTP server (url), not to a command"),
+                    ));
+                }
+                if let Some(b) = &section.bearer_token_env {
+                    return Err(self.error(
+                        self.line_of(b.span().start),
+                        format!("{what}: bearer_token_env applies to an HTTP server (url), not to a command"),
+                    ));
+                }
+                let argv = self.resolve_command(
+                    command.get_ref(),
+                    self.line_of(command.span().start),
+                    what,
+                )?;
+                let working_dir = match &section.working_dir {
+                    Some(dir) if dir.is_relative() => Some(self.base_dir().join(dir)),
+                    Some(dir) => Some(dir.clone()),
+                    None => Some(self.base_dir()),
+                };
+                Ok(Transport::Stdio(StdioSpec {
+                    name: name.to_owned(),
+                    argv,
+                    env: section.env.clone(),
+                    working_dir,
+                    kill_grace: self
+                        .duration(&section.kill_grace)?
+                        .unwrap_or(DEFAULT_KILL_GRACE),
+                }))
+            }
+            (None, Some(url)) => {
+                let url_line = self.line_of(url.span().start);
+                if !section.env.is_empty()
+                    || section.working_dir.is_some()
+                    || section.kill_grace.is_some()
+                {
+                    return Err(self.error(
+                        url_line,
+                        format!("{what}: env, working_dir and kill_grace apply to a command, not to an HTTP server (url)"),
+                    ));
+                }
+                let parsed = reqwest::Url::parse(url.get_ref())
+                    .ok()
+                    .filter(|u| matches!(u.scheme(), "http" | "https") && u.host().is_some());
+                let Some(parsed) = parsed else {
+                    return Err(self.error(
+                        url_line,
+                        format!("{what}: url '{}' is not an http:// or https:// URL", url.get_ref()),
+                    ));
+                };
+                let bearer_token = match &section.bearer_token_env {
+                    None => None,
+                    Some(var) => match std::env::var(var.get_ref()) {
+                        Ok(token) if !token.trim().is_empty() => Some(token.trim().to_owned()),
+                        _ => {
+                            return Err(self.error(
+                                self.line_of(var.span().start),
+                                format!("{what}: bearer_token_env: the environment variable {} is not set", var.get_ref()),
+                            ));
+                        }
+                    },
+                };
+                let headers = section
+                    .headers
+                    .as_ref()
+                    .map(|h| h.get_ref().clone())
+                    .unwrap_or_default();
+                if let Some((bad, _)) = headers.iter().find(|(k, v)| {
+                    reqwest::header::HeaderName::from_bytes(k.as_bytes()).is_err()
+                        || reqwest::header::HeaderValue::from_str(v).is_err()
+                }) {
+                    return Err(self.error(
+                        section
+                            .headers
+                            .as_ref()
+                            .map_or(url_line, |h| self.line_of(h.span().start)),
+                        format!("{what}: header '{bad}' is not a valid HTTP header"),
+                    ));
+                }
+                Ok(Transport::Http(HttpSpec {
+                    name: name.to_owned(),
+                    url: parsed,
+                    headers,
+                    bearer_token,
+                }))
+            }
+        }
     }
 
     fn tool_settings(

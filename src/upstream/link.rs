@@ -277,7 +277,7 @@ impl Link {
             self.set_state(&store, LinkState::Starting, None, restarted);
             let started = Instant::now();
             let start = tokio::select! {
-                start = Session::start_stdio(&self.spec.transport, SessionOptions::default()) => start,
+                start = Session::start(&self.spec.transport, SessionOptions::default()) => start,
                 _ = shutdown.cancelled() => return,
             };
             match start {

@@ -5,6 +5,8 @@
 //! - [`stdio`]: the server as a child process (its own process group, tied
 //!   to this process's life), newline-delimited JSON-RPC on its
 //!   stdin/stdout, its stderr in the log; requests matched to answers by id.
+//! - [`http`]: the server at a URL (Streamable HTTP): each message a POST,
+//!   answers as JSON or an SSE stream, the server's session id kept.
 //! - [`session`]: MCP 2025-11-25 on that connection: the handshake, the
 //!   server's capabilities, `tools/list`, tool calls whose progress, logs
 //!   and questions reach the caller's [`CallHandler`], cancellation, and
@@ -18,11 +20,13 @@
 //! never asked, a message of no known shape) is logged once per kind per
 //! connection, at debug level after that, and never ends the connection.
 
+pub mod http;
 pub mod link;
 pub mod session;
 pub mod spec;
 pub mod stdio;
 pub mod tool;
+mod wire;
 
 use std::collections::HashSet;
 use std::sync::{Arc, Mutex};
@@ -30,9 +34,10 @@ use std::time::Duration;
 
 use crate::mcp::RpcError;
 
+pub use http::HttpSpec;
 pub use link::{Link, LinkState, LinkStatus, Upstreams};
 pub use session::{AnswerFuture, CallHandler, ServerRequest, Session, SessionOptions};
-pub use spec::{Retry, ToolSettings, UpstreamSpec};
+pub use spec::{Retry, ToolSettings, Transport, UpstreamSpec};
 pub use stdio::StdioSpec;
 
 /// Why a request to an upstream did not give a result.
@@ -97,6 +102,15 @@ pub enum StartError {
         program: String,
         /// Why.
         source: std::io::Error,
+    },
+    /// An HTTP upstream's settings cannot make a request (a header that
+    /// is not one).
+    #[error("upstream '{upstream}': {reason}")]
+    Http {
+        /// The upstream's name.
+        upstream: Arc<str>,
+        /// Why.
+        reason: String,
     },
     /// The spec names no program.
     #[error("upstream '{upstream}': no command to start")]

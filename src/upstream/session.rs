@@ -34,7 +34,10 @@ use serde_json::{Value, json};
 use tokio::sync::{mpsc, watch};
 use tokio_util::sync::CancellationToken;
 
-use super::stdio::{Inbound, Outgoing, StdioConnection, StdioSpec};
+use super::http::HttpSpec;
+use super::spec::Transport;
+use super::stdio::StdioSpec;
+use super::wire::{Connection, Inbound, Outgoing};
 use super::{BadInputLog, CallError, StartError, quote};
 use crate::mcp::{
     ErrorCode, LogLevel, RELATED_TASK_META, RequestId, RpcError, error_response, notification,
@@ -162,7 +165,7 @@ impl Drop for RouteGuard {
 /// caller's future dropped), it is forgotten and `notifications/cancelled`
 /// is sent for it.
 struct InFlight<'a> {
-    conn: &'a StdioConnection,
+    conn: &'a Connection,
     id: u64,
     /// `Some(reason)` while the request is open.
     cancel_reason: Option<String>,
@@ -204,7 +207,7 @@ pub struct Session {
 }
 
 struct Inner {
-    conn: StdioConnection,
+    conn: Connection,
     options: SessionOptions,
     routes: Arc<Mutex<Routes>>,
     /// The version the server answered.
@@ -237,7 +240,32 @@ impl Session {
         options: SessionOptions,
     ) -> Result<Self, StartError> {
         let bad_input = Arc::new(BadInputLog::new(Arc::from(spec.name.as_str())));
-        let (conn, inbound) = StdioConnection::start(spec, bad_input.clone())?;
+        let (conn, inbound) = super::stdio::start(spec, bad_input.clone())?;
+        Self::handshake(conn, inbound, bad_input, options).await
+    }
+
+    /// Connect to a Streamable HTTP server and run the handshake, as
+    /// [`Session::start_stdio`] does.
+    pub async fn start_http(spec: &HttpSpec, options: SessionOptions) -> Result<Self, StartError> {
+        let bad_input = Arc::new(BadInputLog::new(Arc::from(spec.name.as_str())));
+        let (conn, inbound) = super::http::start(spec, bad_input.clone())?;
+        Self::handshake(conn, inbound, bad_input, options).await
+    }
+
+    /// Connect through `transport` and run the handshake.
+    pub async fn start(transport: &Transport, options: SessionOptions) -> Result<Self, StartError> {
+        match transport {
+            Transport::Stdio(spec) => Self::start_stdio(spec, options).await,
+            Transport::Http(spec) => Self::start_http(spec, options).await,
+        }
+    }
+
+    async fn handshake(
+        conn: Connection,
+        inbound: tokio::sync::mpsc::UnboundedReceiver<Inbound>,
+        bad_input: Arc<BadInputLog>,
+        options: SessionOptions,
+    ) -> Result<Self, StartError> {
         let routes = Arc::new(Mutex::new(Routes::default()));
         let (tools_changed_tx, tools_changed) = watch::channel(0);
         let dispatcher = Dispatcher {

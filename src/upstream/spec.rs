@@ -8,7 +8,7 @@ use std::time::Duration;
 
 use serde_json::Value;
 
-use super::StdioSpec;
+use super::{HttpSpec, StdioSpec};
 use crate::tools::TaskSupport;
 
 /// Whether a call that may have reached the upstream, and whose worker was
@@ -71,13 +71,22 @@ impl ToolSettings {
 /// the config says otherwise (as for command tools).
 pub const DEFAULT_MAX_ATTEMPTS: i64 = 3;
 
+/// How an upstream is reached.
+#[derive(Debug, Clone)]
+pub enum Transport {
+    /// A program the broker starts, speaking over its stdin/stdout.
+    Stdio(StdioSpec),
+    /// A server at a URL (Streamable HTTP).
+    Http(HttpSpec),
+}
+
 /// One `[[upstream]]`.
 #[derive(Debug, Clone)]
 pub struct UpstreamSpec {
     /// Unique name (logs, errors, metrics, `taskbroker upstreams`).
     pub name: String,
     /// How to reach it.
-    pub transport: StdioSpec,
+    pub transport: Transport,
     /// Put before each tool's name when served (`""`: none).
     pub prefix: String,
     /// Serve only these of its tools (by the upstream's names); None: all.

@@ -72,6 +72,8 @@ pub struct Server {
     pub dir: PathBuf,
     keep: Option<tempfile::TempDir>,
     args: Vec<String>,
+    /// Environment variables added to the broker's (every start).
+    env: Vec<(String, String)>,
     // Dropped after the process is killed (see Drop).
     database: Db,
 }
@@ -108,15 +110,26 @@ impl Server {
         database: Db,
         extra: &[&str],
     ) -> Self {
+        Self::start_in_env(keep, dir, database, extra, Vec::new())
+    }
+
+    fn start_in_env(
+        keep: Option<tempfile::TempDir>,
+        dir: PathBuf,
+        database: Db,
+        extra: &[&str],
+        env: Vec<(String, String)>,
+    ) -> Self {
         let args: Vec<String> = extra.iter().map(|s| s.to_string()).collect();
         let db_arg = database.arg(&dir);
-        let (child, url) = spawn(&dir, &db_arg, &args);
+        let (child, url) = spawn(&dir, &db_arg, &args, &env);
         Self {
             child: Some(child),
             url,
             dir,
             keep,
             args,
+            env,
             database,
         }
     }
@@ -170,7 +183,7 @@ impl Server {
         let deadline = Instant::now() + Duration::from_secs(10);
         loop {
             // The old socket may linger for a moment after SIGKILL.
-            match try_spawn(&self.dir, &db_arg, &args) {
+            match try_spawn(&self.dir, &db_arg, &args, &self.env) {
                 Ok((child, url)) => {
                     self.child = Some(child);
                     self.url = url;
@@ -269,16 +282,21 @@ impl Db {
     }
 }
 
-fn spawn(dir: &Path, db_arg: &str, args: &[String]) -> (Child, String) {
+fn spawn(dir: &Path, db_arg: &str, args: &[String], env: &[(String, String)]) -> (Child, String) {
     let mut args = args.to_vec();
     if !args.iter().any(|a| a == "--listen") {
         args.push("--listen".into());
         args.push("127.0.0.1:0".into());
     }
-    try_spawn(dir, db_arg, &args).expect("broker did not start")
+    try_spawn(dir, db_arg, &args, env).expect("broker did not start")
 }
 
-fn try_spawn(dir: &Path, db_arg: &str, args: &[String]) -> Result<(Child, String), String> {
+fn try_spawn(
+    dir: &Path,
+    db_arg: &str,
+    args: &[String],
+    env: &[(String, String)],
+) -> Result<(Child, String), String> {
     let log = std::fs::OpenOptions::new()
         .create(true)
         .append(true)
@@ -290,6 +308,7 @@ fn try_spawn(dir: &Path, db_arg: &str, args: &[String]) -> Result<(Child, String
         .arg(db_arg)
         .args(args)
         .env("RUST_LOG", "info,sqlx=warn")
+        .envs(env.iter().map(|(k, v)| (k, v)))
         .stdout(Stdio::piped())
         .stderr(Stdio::from(log))
         .spawn()
@@ -784,6 +803,28 @@ impl Server {
         Self::start_in(Some(dir), path, Db::fresh(driver), &refs)
     }
 
+    /// [`Server::start_with_config_on`], with `env` added to the broker's
+    /// environment (on every start).
+    pub fn start_with_config_on_env(
+        driver: Driver,
+        config: &str,
+        extra: &[&str],
+        env: &[(&str, &str)],
+    ) -> Self {
+        let (dir, path) = temp_dir();
+        std::fs::write(path.join("taskbroker.toml"), config).unwrap();
+        let cfg = path.join("taskbroker.toml").display().to_string();
+        let mut args: Vec<&str> = vec!["--config", &cfg];
+        args.extend_from_slice(extra);
+        let args: Vec<String> = args.iter().map(|s| s.to_string()).collect();
+        let refs: Vec<&str> = args.iter().map(String::as_str).collect();
+        let env = env
+            .iter()
+            .map(|(k, v)| ((*k).to_owned(), (*v).to_owned()))
+            .collect();
+        Self::start_in_env(Some(dir), path, Db::fresh(driver), &refs, env)
+    }
+
     /// The config file written by [`Server::start_with_config`].
     pub fn config_path(&self) -> String {
         self.dir.join("taskbroker.toml").display().to_string()
@@ -843,7 +884,7 @@ impl Server {
         args.push(format!("127.0.0.1:{port}"));
         let deadline = Instant::now() + Duration::from_secs(10);
         loop {
-            match try_spawn(&path, &db_arg, &args) {
+            match try_spawn(&path, &db_arg, &args, &[]) {
                 Ok((child, url)) => {
                     return Self {
                         child: Some(child),
@@ -851,6 +892,7 @@ impl Server {
                         dir: path,
                         keep: Some(dir),
                         args,
+                        env: Vec::new(),
                         database: Db::Sqlite,
                     };
                 }
@@ -1076,4 +1118,55 @@ pub fn everything_section(script: &Path, name: &str, prefix: Option<&str>, more:
         "[[upstream]]\nname = \"{name}\"\ncommand = [\"node\", \"{}\", \"stdio\"]\n{prefix}{more}\n",
         script.display()
     )
+}
+
+/// server-everything over Streamable HTTP on a free loopback port, as its
+/// users start it (`node dist/index.js streamableHttp`, `PORT`); killed
+/// when dropped.
+pub struct EverythingHttp {
+    child: Child,
+    /// Its MCP endpoint.
+    pub url: String,
+}
+
+impl EverythingHttp {
+    /// Start it and wait until it listens.
+    pub fn start(script: &Path) -> Self {
+        let port = std::net::TcpListener::bind("127.0.0.1:0")
+            .unwrap()
+            .local_addr()
+            .unwrap()
+            .port();
+        let mut child = Command::new("node")
+            .arg(script)
+            .arg("streamableHttp")
+            .env("PORT", port.to_string())
+            .stdin(Stdio::null())
+            .stdout(Stdio::null())
+            .stderr(Stdio::piped())
+            .spawn()
+            .unwrap();
+        let stderr = child.stderr.take().unwrap();
+        let mut lines = BufReader::new(stderr).lines();
+        loop {
+            match lines.next() {
+                Some(Ok(line)) if line.contains("listening on port") => break,
+                Some(Ok(_)) => {}
+                _ => panic!("server-everything (HTTP) did not start"),
+            }
+        }
+        // Keep reading, so that the server never blocks on a full pipe.
+        std::thread::spawn(move || for _ in lines {});
+        Self {
+            child,
+            url: format!("http://127.0.0.1:{port}/mcp"),
+        }
+    }
+}
+
+impl Drop for EverythingHttp {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
 }
