@@ -1120,3 +1120,81 @@ async fn an_http_upstream_that_refuses_is_a_clear_state_and_bad_http_configs_are
         assert_eq!(stderr.trim().lines().count(), 1, "one line: {stderr}");
     }
 }
+
+/// Issue 25 item 5, "the case where nothing is run twice": an upstream
+/// over HTTP that runs the call as its own task (server-everything's
+/// `simulate-research-query`); the broker is killed with kill -9 while the
+/// upstream task runs. The restarted broker's next run follows the same
+/// upstream task in the server session it was created in (kept in the
+/// job's checkpoint) instead of calling the tool again, and the client
+/// gets its result through tasks/result: the tool ran exactly once.
+async fn kill9_mid_upstream_task_over_http_follows_the_same_task(driver: Driver) {
+    let Some(script) = server_everything() else {
+        return;
+    };
+    let upstream = common::EverythingHttp::start(&script);
+    let config = format!(
+        "[[upstream]]\nname = \"web\"\nprefix = \"ev_\"\nurl = \"{}\"\n",
+        upstream.url
+    );
+    let mut server = Server::start_with_config_on(driver, &config, &["--lease", "2"]);
+    let mut c = server.client().await;
+    let deadline = Instant::now() + Duration::from_secs(20);
+    while tool(&listed(&mut c).await, "ev_simulate-research-query").is_none() {
+        assert!(Instant::now() < deadline, "{}", server.log());
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    let task = c
+        .call_task(
+            "ev_simulate-research-query",
+            json!({ "topic": "durability" }),
+        )
+        .await;
+    let task_id = task["taskId"].as_str().unwrap().to_owned();
+    let deadline = Instant::now() + Duration::from_secs(20);
+    let kept = loop {
+        if let Some(c) = checkpoint_of(&server, &task_id).await
+            && c.contains("upstreamTask")
+        {
+            break c;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "no upstream task: {}",
+            server.log()
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    };
+    let kept: Value = serde_json::from_str(&kept).unwrap();
+    assert!(kept["upstreamSession"].is_string(), "{kept}");
+    server.kill_and_restart();
+    c.reconnect(&server.url);
+    let done = c.wait_terminal(&task_id, Duration::from_secs(60)).await;
+    assert_eq!(done["status"], "completed", "{done} {}", server.log());
+    let result = c.ok("tasks/result", json!({ "taskId": task_id })).await;
+    assert!(
+        text_of(&result).contains("Research Report: durability"),
+        "{result}"
+    );
+    assert_eq!(
+        result["_meta"][RELATED]["taskId"], task_id,
+        "the broker's task, not the upstream's: {result}"
+    );
+    let after: Value =
+        serde_json::from_str(&checkpoint_of(&server, &task_id).await.unwrap()).unwrap();
+    assert_eq!(after, kept, "the same upstream task throughout");
+    let log = server.log();
+    let created = log
+        .lines()
+        .filter(|l| {
+            l.contains("the upstream runs the call as its own task") && l.contains(&task_id)
+        })
+        .count();
+    assert_eq!(created, 1, "the tool was called once: {log}");
+    assert!(
+        log.lines()
+            .any(|l| l.contains("resuming: following the upstream's task") && l.contains(&task_id)),
+        "{log}"
+    );
+}
+both_drivers!(kill9_mid_upstream_task_over_http_follows_the_same_task);

@@ -24,7 +24,7 @@ use reqwest::header::{ACCEPT, AUTHORIZATION, CONTENT_TYPE, HeaderMap, HeaderName
 use serde_json::Value;
 use tokio::sync::mpsc;
 
-use super::wire::{Connection, Inbound, Router};
+use super::wire::{Connection, Inbound, Outbound, Router};
 use super::{BadInputLog, CallError, StartError};
 use crate::client::sse::SseParser;
 use crate::mcp::{ErrorCode, RpcError};
@@ -68,8 +68,9 @@ struct Poster {
     http: reqwest::Client,
     url: reqwest::Url,
     headers: HeaderMap,
-    /// The server's session id, once its `initialize` answer gave one.
-    session: Mutex<Option<HeaderValue>>,
+    /// The server's session id, once its `initialize` answer gave one
+    /// (shared with the connection, which tells the session).
+    session: Arc<Mutex<Option<Arc<str>>>>,
     router: Router,
 }
 
@@ -113,7 +114,7 @@ pub(crate) fn start(
         http,
         url: spec.url.clone(),
         headers,
-        session: Mutex::new(None),
+        session: wiring.session_id,
         router: wiring.router,
     });
     tokio::spawn(send_all(poster.clone(), wiring.outgoing));
@@ -122,9 +123,11 @@ pub(crate) fn start(
 }
 
 /// The writer: each message a POST of its own, in order, its answer read
-/// concurrently (a tool call's SSE answer may stream for hours). When the
-/// session ends, the server is told (DELETE).
-async fn send_all(poster: Arc<Poster>, mut outgoing: mpsc::UnboundedReceiver<String>) {
+/// concurrently (a tool call's SSE answer may stream for hours). The
+/// server session is not ended (no DELETE) when the connection is dropped:
+/// tasks created in it may still be followed by a later run, possibly of
+/// another broker process; the server expires it.
+async fn send_all(poster: Arc<Poster>, mut outgoing: mpsc::UnboundedReceiver<Outbound>) {
     while let Some(message) = outgoing.recv().await {
         let request = poster.request(message);
         let poster = poster.clone();
@@ -132,32 +135,19 @@ async fn send_all(poster: Arc<Poster>, mut outgoing: mpsc::UnboundedReceiver<Str
     }
     // The connection was dropped: its GET stream ends too.
     poster.router.close(Arc::from("the session ended"));
-    let session = poster
-        .session
-        .lock()
-        .unwrap_or_else(PoisonError::into_inner)
-        .clone();
-    if let Some(session) = session {
-        let _ = poster
-            .http
-            .delete(poster.url.clone())
-            .headers(poster.headers.clone())
-            .header("mcp-session-id", session)
-            .timeout(Duration::from_secs(5))
-            .send()
-            .await;
-    }
 }
 
-/// One message to POST: its text, and the id when it is our request.
+/// One message to POST: its text, the id when it is our request, and the
+/// session it goes in when not the connection's.
 struct Post {
     body: String,
     request_id: Option<u64>,
     initialize: bool,
+    session: Option<Arc<str>>,
 }
 
 impl Poster {
-    fn request(&self, body: String) -> Post {
+    fn request(&self, Outbound { body, session }: Outbound) -> Post {
         let parsed: Option<Value> = serde_json::from_str(&body).ok();
         let method = parsed
             .as_ref()
@@ -171,6 +161,7 @@ impl Poster {
             initialize: method == Some("initialize"),
             request_id,
             body,
+            session,
         }
     }
 
@@ -182,12 +173,13 @@ impl Poster {
                 "mcp-protocol-version",
                 HeaderValue::from_static(PROTOCOL_VERSION),
             );
-            let session = self
-                .session
-                .lock()
-                .unwrap_or_else(PoisonError::into_inner)
-                .clone();
-            if let Some(session) = session {
+            let session = post.session.clone().or_else(|| {
+                self.session
+                    .lock()
+                    .unwrap_or_else(PoisonError::into_inner)
+                    .clone()
+            });
+            if let Some(session) = session.and_then(|s| HeaderValue::from_str(&s).ok()) {
                 headers.insert("mcp-session-id", session);
             }
         }
@@ -211,16 +203,19 @@ impl Poster {
         };
         let status = response.status();
         if post.initialize
-            && let Some(session) = response.headers().get("mcp-session-id")
+            && let Some(session) = response
+                .headers()
+                .get("mcp-session-id")
+                .and_then(|v| v.to_str().ok())
         {
-            *self.session.lock().unwrap_or_else(PoisonError::into_inner) = Some(session.clone());
+            *self.session.lock().unwrap_or_else(PoisonError::into_inner) = Some(Arc::from(session));
         }
         if post.initialize && status.is_success() {
             // Once the session is open: the server's own stream, for what
             // it sends outside any request (tools/list_changed).
             tokio::spawn(self.clone().listen());
         }
-        if status == reqwest::StatusCode::NOT_FOUND && !post.initialize {
+        if status == reqwest::StatusCode::NOT_FOUND && !post.initialize && post.session.is_none() {
             let reason = format!("{} answered 404: the server ended the session", self.url);
             tracing::warn!(upstream = %self.router.upstream(), reason, "upstream connection ended");
             self.router.close(Arc::from(reason));
@@ -291,7 +286,7 @@ impl Poster {
                 .lock()
                 .unwrap_or_else(PoisonError::into_inner)
                 .clone();
-            if let Some(session) = session {
+            if let Some(session) = session.and_then(|s| HeaderValue::from_str(&s).ok()) {
                 headers.insert("mcp-session-id", session);
             }
             let stream = async {
@@ -306,6 +301,10 @@ impl Poster {
                     // 405: the server offers no such stream.
                     return response.status() != reqwest::StatusCode::METHOD_NOT_ALLOWED;
                 }
+                // What the server sent before the stream was open is lost
+                // (servers register tools once the session starts, and
+                // say so): list the tools again.
+                self.router.notify("notifications/tools/list_changed");
                 let mut parser = SseParser::new();
                 let mut body = response.bytes_stream();
                 while let Some(Ok(bytes)) = body.next().await {

@@ -167,6 +167,8 @@ impl Drop for RouteGuard {
 struct InFlight<'a> {
     conn: &'a Connection,
     id: u64,
+    /// The server session it was sent in (HTTP; None: the connection's).
+    session: Option<Arc<str>>,
     /// `Some(reason)` while the request is open.
     cancel_reason: Option<String>,
 }
@@ -186,10 +188,13 @@ impl Drop for InFlight<'_> {
             return;
         };
         self.conn.forget(self.id);
-        self.conn.send(&notification(
-            "notifications/cancelled",
-            json!({ "requestId": self.id, "reason": reason }),
-        ));
+        self.conn.send_in(
+            &notification(
+                "notifications/cancelled",
+                json!({ "requestId": self.id, "reason": reason }),
+            ),
+            self.session.take(),
+        );
     }
 }
 
@@ -418,11 +423,24 @@ impl Session {
 
     /// Any request, with the session's request timeout: its `result`.
     pub async fn request(&self, method: &str, params: Value) -> Result<Value, CallError> {
+        self.request_in(method, params, None).await
+    }
+
+    /// [`Session::request`] in the server session `in_session` (an HTTP
+    /// server's session id of an earlier connection; None: this one's).
+    async fn request_in(
+        &self,
+        method: &str,
+        params: Value,
+        in_session: Option<&str>,
+    ) -> Result<Value, CallError> {
         let conn = &self.inner.conn;
-        let (id, rx) = conn.begin_request(method, params)?;
+        let session: Option<Arc<str>> = in_session.map(Arc::from);
+        let (id, rx) = conn.begin_request_in(method, params, session.clone())?;
         let in_flight = InFlight {
             conn,
             id,
+            session,
             cancel_reason: Some("the broker stopped waiting".to_owned()),
         };
         let after = self.inner.options.request_timeout;
@@ -530,8 +548,23 @@ impl Session {
 
     /// `tasks/cancel`: the upstream task as the server sends it.
     pub async fn task_cancel(&self, task_id: &str) -> Result<Value, CallError> {
-        self.request("tasks/cancel", json!({ "taskId": task_id }))
+        self.task_cancel_in(task_id, None).await
+    }
+
+    /// [`Session::task_cancel`] of a task created in the server session
+    /// `in_session` (HTTP; None: this connection's).
+    pub async fn task_cancel_in(
+        &self,
+        task_id: &str,
+        in_session: Option<&str>,
+    ) -> Result<Value, CallError> {
+        self.request_in("tasks/cancel", json!({ "taskId": task_id }), in_session)
             .await
+    }
+
+    /// The server's session id (HTTP), which tasks it created belong to.
+    pub fn upstream_session_id(&self) -> Option<String> {
+        self.inner.conn.session_id().map(|s| s.to_string())
     }
 
     /// `tasks/result`: waits until the upstream task ends and gives its
@@ -544,13 +577,31 @@ impl Session {
         handler: Arc<dyn CallHandler>,
         cancel: &CancellationToken,
     ) -> Result<Value, CallError> {
+        self.task_result_in(task_id, None, handler, cancel).await
+    }
+
+    /// [`Session::task_result`] of a task created in the server session
+    /// `in_session` (HTTP; None: this connection's).
+    pub async fn task_result_in(
+        &self,
+        task_id: &str,
+        in_session: Option<&str>,
+        handler: Arc<dyn CallHandler>,
+        cancel: &CancellationToken,
+    ) -> Result<Value, CallError> {
         let route = Route {
             progress_token: None,
             task_id: Some(task_id.to_owned()),
             handler,
         };
         let result = self
-            .open_call("tasks/result", json!({ "taskId": task_id }), route, cancel)
+            .open_call_in(
+                "tasks/result",
+                json!({ "taskId": task_id }),
+                route,
+                cancel,
+                in_session,
+            )
             .await?;
         self.call_tool_result("tasks/result", result)
     }
@@ -578,6 +629,18 @@ impl Session {
         route: Route,
         cancel: &CancellationToken,
     ) -> Result<Value, CallError> {
+        self.open_call_in(method, params, route, cancel, None).await
+    }
+
+    /// [`Session::open_call`] in the server session `in_session`.
+    async fn open_call_in(
+        &self,
+        method: &str,
+        params: Value,
+        route: Route,
+        cancel: &CancellationToken,
+        in_session: Option<&str>,
+    ) -> Result<Value, CallError> {
         let _route = {
             let mut routes = lock(&self.inner.routes);
             routes.next += 1;
@@ -589,10 +652,12 @@ impl Session {
             }
         };
         let conn = &self.inner.conn;
-        let (id, rx) = conn.begin_request(method, params)?;
+        let session: Option<Arc<str>> = in_session.map(Arc::from);
+        let (id, rx) = conn.begin_request_in(method, params, session.clone())?;
         let in_flight = InFlight {
             conn,
             id,
+            session,
             cancel_reason: Some("the broker stopped waiting".to_owned()),
         };
         tokio::select! {

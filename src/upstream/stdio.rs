@@ -17,7 +17,7 @@ use std::time::Duration;
 use tokio::io::AsyncWriteExt;
 use tokio::sync::mpsc;
 
-use super::wire::{Connection, Inbound, Process, Router};
+use super::wire::{Connection, Inbound, Outbound, Process, Router};
 use super::{BadInputLog, StartError};
 use crate::child_process::{ReadLine, TiedGroup, read_lines};
 
@@ -105,9 +105,9 @@ pub(crate) fn start(
 /// The writer task: one message per line, flushed each.
 async fn write_lines(
     mut stdin: tokio::process::ChildStdin,
-    mut outgoing: mpsc::UnboundedReceiver<String>,
+    mut outgoing: mpsc::UnboundedReceiver<Outbound>,
 ) {
-    while let Some(mut line) = outgoing.recv().await {
+    while let Some(Outbound { body: mut line, .. }) = outgoing.recv().await {
         line.push('\n');
         if stdin.write_all(line.as_bytes()).await.is_err() || stdin.flush().await.is_err() {
             // The process is gone or closed its stdin: the reader's end

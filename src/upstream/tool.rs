@@ -156,10 +156,10 @@ impl UpstreamTool {
     async fn run(&self, arguments: Value, ctx: &ToolContext) -> ToolOutcome {
         let cancel = ctx.cancelled().clone();
         match ctx.checkpoint().map(Checkpoint::parse) {
-            Some(Checkpoint::UpstreamTask(task_id)) => {
+            Some(Checkpoint::UpstreamTask { id, session }) => {
                 tracing::info!(upstream = %self.link.name(), tool = %self.remote, task_id = ?ctx.task_id(),
-                               upstream_task = %task_id, "resuming: following the upstream's task, not calling again");
-                return self.follow(&task_id, ctx, &cancel).await;
+                               upstream_task = %id, "resuming: following the upstream's task, not calling again");
+                return self.follow(&id, session.as_deref(), ctx, &cancel).await;
             }
             Some(Checkpoint::Sent) if self.retry == Retry::Never => {
                 return self.failure(format!(
@@ -218,24 +218,32 @@ impl UpstreamTool {
         let Some(task_id) = created.pointer("/task/taskId").and_then(Value::as_str) else {
             return self.failure("the upstream created a task without a taskId");
         };
-        if let Err(e) = ctx
-            .save_checkpoint(&Checkpoint::UpstreamTask(task_id.to_owned()).to_text())
-            .await
-        {
+        // The server session it belongs to (HTTP), so that a later run on
+        // a new connection asks about it in that session.
+        let in_session = session.upstream_session_id();
+        let checkpoint = Checkpoint::UpstreamTask {
+            id: task_id.to_owned(),
+            session: in_session.clone(),
+        };
+        if let Err(e) = ctx.save_checkpoint(&checkpoint.to_text()).await {
             // Without the id kept, a later run could not follow it: stop it.
             let _ = session.task_cancel(task_id).await;
             return self.failure(format!("the upstream's task {task_id} was cancelled: {e}"));
         }
         tracing::info!(upstream = %self.link.name(), tool = %self.remote, task_id = ?ctx.task_id(),
                        upstream_task = %task_id, "the upstream runs the call as its own task");
-        self.follow(task_id, ctx, cancel).await
+        self.follow(task_id, in_session.as_deref(), ctx, cancel)
+            .await
     }
 
     /// Follow the upstream's task to its result, across reconnections; a
-    /// cancel of ours cancels it there.
+    /// cancel of ours cancels it there. `task_session`: the server session
+    /// (HTTP) the task was created in, asked in whatever connection is
+    /// current (a broker restarted since has a new one).
     async fn follow(
         &self,
         task_id: &str,
+        task_session: Option<&str>,
         ctx: &ToolContext,
         cancel: &CancellationToken,
     ) -> ToolOutcome {
@@ -244,7 +252,13 @@ impl UpstreamTool {
             let Some(session) = self.link.session(cancel).await else {
                 return self.failure("cancelled while waiting for the upstream");
             };
-            match session.task_result(task_id, relay.clone(), cancel).await {
+            let in_session = task_session
+                .filter(|s| session.upstream_session_id().as_deref() != Some(*s))
+                .map(str::to_owned);
+            match session
+                .task_result_in(task_id, in_session.as_deref(), relay.clone(), cancel)
+                .await
+            {
                 Ok(result) => return ToolOutcome::Result(result),
                 Err(CallError::Cancelled { .. }) => {
                     let link = self.link.clone();
@@ -252,7 +266,9 @@ impl UpstreamTool {
                     // The run ends now; the upstream hears of it meanwhile.
                     tokio::spawn(async move {
                         if let Some(session) = link.current()
-                            && let Err(e) = session.task_cancel(&task_id).await
+                            && let Err(e) = session
+                                .task_cancel_in(&task_id, in_session.as_deref())
+                                .await
                         {
                             tracing::warn!(upstream = %link.name(), upstream_task = %task_id, error = %e,
                                            "cancelling the upstream's task failed");
@@ -312,8 +328,14 @@ impl Tool for UpstreamTool {
 enum Checkpoint {
     /// The call may have reached the upstream.
     Sent,
-    /// The upstream runs it as its own task, with this id.
-    UpstreamTask(String),
+    /// The upstream runs it as its own task, with this id, created in
+    /// this server session (HTTP).
+    UpstreamTask {
+        /// The upstream's task id.
+        id: String,
+        /// The server's session id it was created in, if any.
+        session: Option<String>,
+    },
     /// Something this version does not know (kept by another tool).
     Other,
 }
@@ -324,7 +346,13 @@ impl Checkpoint {
             return Self::Other;
         };
         if let Some(id) = map.get("upstreamTask").and_then(Value::as_str) {
-            return Self::UpstreamTask(id.to_owned());
+            return Self::UpstreamTask {
+                id: id.to_owned(),
+                session: map
+                    .get("upstreamSession")
+                    .and_then(Value::as_str)
+                    .map(str::to_owned),
+            };
         }
         if map.get("sent") == Some(&Value::Bool(true)) {
             return Self::Sent;
@@ -335,7 +363,11 @@ impl Checkpoint {
     fn to_text(&self) -> String {
         match self {
             Self::Sent => json!({ "sent": true }).to_string(),
-            Self::UpstreamTask(id) => json!({ "upstreamTask": id }).to_string(),
+            Self::UpstreamTask { id, session: None } => json!({ "upstreamTask": id }).to_string(),
+            Self::UpstreamTask {
+                id,
+                session: Some(session),
+            } => json!({ "upstreamTask": id, "upstreamSession": session }).to_string(),
             Self::Other => Value::Object(Map::new()).to_string(),
         }
     }
@@ -412,7 +444,17 @@ mod tests {
 
     #[test]
     fn checkpoints_read_back_as_written() {
-        for c in [Checkpoint::Sent, Checkpoint::UpstreamTask("t-1".into())] {
+        for c in [
+            Checkpoint::Sent,
+            Checkpoint::UpstreamTask {
+                id: "t-1".into(),
+                session: None,
+            },
+            Checkpoint::UpstreamTask {
+                id: "t-2".into(),
+                session: Some("s-9".into()),
+            },
+        ] {
             assert_eq!(Checkpoint::parse(&c.to_text()), c);
         }
         assert_eq!(Checkpoint::parse("not json"), Checkpoint::Other);

@@ -59,13 +59,32 @@ struct Pending {
 /// The writer's queue: one message at a time to the server (a line on a
 /// stdio server's stdin, a POST to an HTTP one).
 #[derive(Debug, Clone)]
-pub(crate) struct Outgoing(mpsc::UnboundedSender<String>);
+pub(crate) struct Outgoing(mpsc::UnboundedSender<Outbound>);
+
+/// One message to send: its JSON text, and (HTTP) the server session it
+/// belongs to when that is not the connection's own (a task an earlier
+/// session of the broker created).
+#[derive(Debug)]
+pub(crate) struct Outbound {
+    /// The message.
+    pub(crate) body: String,
+    /// The session to send it in; None: the connection's.
+    pub(crate) session: Option<Arc<str>>,
+}
 
 impl Outgoing {
     /// Write one message. After the connection ended it goes nowhere,
     /// which its sender learns from its own request or the closed signal.
     pub(crate) fn send(&self, message: &Value) {
-        let _ = self.0.send(message.to_string());
+        self.send_in(message, None);
+    }
+
+    /// Write one message in `session` (HTTP; None: the connection's).
+    pub(crate) fn send_in(&self, message: &Value, session: Option<Arc<str>>) {
+        let _ = self.0.send(Outbound {
+            body: message.to_string(),
+            session,
+        });
     }
 }
 
@@ -93,6 +112,8 @@ pub(crate) struct Connection {
     next_id: AtomicU64,
     /// The server's process, for a stdio upstream.
     process: Option<Process>,
+    /// The server's session id, for an HTTP upstream, once it gave one.
+    session_id: Arc<Mutex<Option<Arc<str>>>>,
     /// `Some(reason)` once the connection has ended.
     closed: watch::Receiver<Option<Arc<str>>>,
     /// Where bad input is logged.
@@ -113,6 +134,7 @@ impl Connection {
         let (outgoing, outgoing_rx) = mpsc::unbounded_channel();
         let (inbound_tx, inbound_rx) = mpsc::unbounded_channel();
         let (closed_tx, closed) = watch::channel(None);
+        let session_id = Arc::new(Mutex::new(None));
         let router = Router {
             upstream: upstream.clone(),
             pending: pending.clone(),
@@ -126,6 +148,7 @@ impl Connection {
             pending,
             next_id: AtomicU64::new(1),
             process,
+            session_id: session_id.clone(),
             closed,
             bad_input,
         };
@@ -134,6 +157,7 @@ impl Connection {
             Wiring {
                 outgoing: outgoing_rx,
                 router,
+                session_id,
             },
             inbound_rx,
         )
@@ -166,6 +190,17 @@ impl Connection {
         method: &str,
         params: Value,
     ) -> Result<(u64, oneshot::Receiver<Answer>), CallError> {
+        self.begin_request_in(method, params, None)
+    }
+
+    /// [`Connection::begin_request`] in the server session `session`
+    /// (HTTP; None: the connection's own).
+    pub(crate) fn begin_request_in(
+        &self,
+        method: &str,
+        params: Value,
+        session: Option<Arc<str>>,
+    ) -> Result<(u64, oneshot::Receiver<Answer>), CallError> {
         let id = self.next_id.fetch_add(1, Ordering::Relaxed);
         let (tx, rx) = oneshot::channel();
         {
@@ -176,7 +211,7 @@ impl Connection {
             pending.open.insert(id, tx);
         }
         let message = json!({ "jsonrpc": "2.0", "id": id, "method": method, "params": params });
-        self.send(&message);
+        self.outgoing.send_in(&message, session);
         Ok((id, rx))
     }
 
@@ -195,6 +230,19 @@ impl Connection {
     /// Write one message (a notification or an answer).
     pub(crate) fn send(&self, message: &Value) {
         self.outgoing.send(message);
+    }
+
+    /// Write one message in the server session `session` (HTTP).
+    pub(crate) fn send_in(&self, message: &Value, session: Option<Arc<str>>) {
+        self.outgoing.send_in(message, session);
+    }
+
+    /// The server's session id (HTTP), once it gave one.
+    pub(crate) fn session_id(&self) -> Option<Arc<str>> {
+        self.session_id
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+            .clone()
     }
 
     /// A handle to write messages with (the session's dispatcher answers
@@ -239,8 +287,10 @@ impl Drop for Connection {
 /// What a transport drives: the messages to send, and the router of what
 /// the server sends.
 pub(crate) struct Wiring {
-    /// Messages to send, in order (JSON text).
-    pub(crate) outgoing: mpsc::UnboundedReceiver<String>,
+    /// Messages to send, in order.
+    pub(crate) outgoing: mpsc::UnboundedReceiver<Outbound>,
+    /// Where an HTTP transport keeps the server's session id.
+    pub(crate) session_id: Arc<Mutex<Option<Arc<str>>>>,
     /// Where what the server sends goes.
     pub(crate) router: Router,
 }
@@ -269,6 +319,15 @@ impl Router {
     /// Changes to `Some(reason)` when the connection ends.
     pub(crate) fn closed(&self) -> watch::Receiver<Option<Arc<str>>> {
         self.closed.subscribe()
+    }
+
+    /// Hand the session a notification as if the server had sent it (one
+    /// it may have sent where it could not be heard).
+    pub(crate) fn notify(&self, method: &str) {
+        let _ = self.inbound.send(Inbound::Notification {
+            method: method.to_owned(),
+            params: json!({}),
+        });
     }
 
     /// One message the server sent (a stdio line, an HTTP body or SSE
