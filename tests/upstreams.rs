@@ -1198,3 +1198,32 @@ async fn kill9_mid_upstream_task_over_http_follows_the_same_task(driver: Driver)
     );
 }
 both_drivers!(kill9_mid_upstream_task_over_http_follows_the_same_task);
+
+/// Issue 25 "bad input": an upstream tool whose input schema is not valid
+/// JSON Schema is not served, and a warning names it and why; its other
+/// tools serve. (A scripted server: no real one lists such a tool.)
+#[tokio::test]
+async fn a_tool_with_an_invalid_schema_is_left_out_and_said_why() {
+    let script = r#"read l; echo '{"jsonrpc":"2.0","id":1,"result":{"protocolVersion":"2025-11-25","capabilities":{"tools":{}},"serverInfo":{"name":"scripted","version":"0"}}}'; read l; read l; echo '{"jsonrpc":"2.0","id":2,"result":{"tools":[{"name":"fine","inputSchema":{"type":"object"}},{"name":"broken","inputSchema":{"type":"object","properties":{"x":{"type":"no-such-type"}}}}]}}'; cat >/dev/null"#;
+    let config = format!(
+        "[[upstream]]\nname = \"scripted\"\ncommand = [\"sh\", \"-c\", {}]\n",
+        serde_json::to_string(script).unwrap()
+    );
+    let server = Server::start_with_config(&config, &[]);
+    let log = server
+        .wait_for_log("an upstream tool is not served", Duration::from_secs(20))
+        .await;
+    let line = log
+        .lines()
+        .find(|l| l.contains("an upstream tool is not served"))
+        .unwrap();
+    assert!(
+        line.contains("tool=broken") && line.contains("inputSchema is not valid JSON Schema"),
+        "{line}"
+    );
+    let mut c = server.client().await;
+    let tools = listed(&mut c).await;
+    assert!(tool(&tools, "fine").is_some(), "{tools:?}");
+    assert!(tool(&tools, "broken").is_none(), "{tools:?}");
+    assert!(tool(&tools, "sleep").is_some(), "{tools:?}");
+}
