@@ -31,8 +31,8 @@
 //!   catalog of the tools served now (fixed ones and each upstream's), and
 //!   the demo tools.
 //! - [`upstream`]: the broker as an MCP client of the servers people
-//!   already run: a stdio upstream's process and JSON-RPC lines, the
-//!   2025-11-25 session (handshake, `tools/list`, calls whose progress and
+//!   already run: a connection carried by a stdio server's process or by
+//!   Streamable HTTP, the 2025-11-25 session (handshake, `tools/list`, calls whose progress and
 //!   questions reach their handler, cancel, the upstream's own tasks), the
 //!   link that keeps each connection up and its tools served, and the
 //!   `Tool` each upstream tool becomes.

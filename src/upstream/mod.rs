@@ -2,19 +2,25 @@
 //! already run ("upstream servers", issue 25), so that their tools can be
 //! served as durable tasks.
 //!
+//! - `wire`: a connection whatever carries it: requests matched to answers
+//!   by id, the server's own requests and notifications handed on, every
+//!   open request failed when it ends.
 //! - [`stdio`]: the server as a child process (its own process group, tied
 //!   to this process's life), newline-delimited JSON-RPC on its
-//!   stdin/stdout, its stderr in the log; requests matched to answers by id.
+//!   stdin/stdout, its stderr in the log.
 //! - [`http`]: the server at a URL (Streamable HTTP): each message a POST,
 //!   answers as JSON or an SSE stream, the server's session id kept.
 //! - [`session`]: MCP 2025-11-25 on that connection: the handshake, the
 //!   server's capabilities, `tools/list`, tool calls whose progress, logs
 //!   and questions reach the caller's [`CallHandler`], cancellation, and
 //!   the upstream's own tasks.
+//! - [`spec`], [`link`], [`tool`]: an `[[upstream]]` as configured, the
+//!   link that keeps its connection up and its tools served, and the
+//!   `Tool` each of its tools becomes.
 //!
 //! One [`Session`] is one connection: a worker holds one per upstream and
-//! runs many calls over it at once (`Session` is `Clone`; the process is
-//! killed when the last clone is dropped).
+//! runs many calls over it at once (`Session` is `Clone`; a stdio server's
+//! process is killed when the last clone is dropped).
 //!
 //! Bad input from an upstream (a line that is not JSON, an answer to an id
 //! never asked, a message of no known shape) is logged once per kind per
