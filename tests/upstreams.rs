@@ -1227,3 +1227,65 @@ async fn a_tool_with_an_invalid_schema_is_left_out_and_said_why() {
     assert!(tool(&tools, "broken").is_none(), "{tools:?}");
     assert!(tool(&tools, "sleep").is_some(), "{tools:?}");
 }
+
+/// Issue 25 item 3: the upstream's `sampling/createMessage` during a task
+/// becomes `input_required`; the client's answer (a message of its model)
+/// goes back to the upstream, whose result quotes it.
+async fn an_upstream_sampling_request_is_answered_through_the_task(driver: Driver) {
+    let Some(script) = server_everything() else {
+        return;
+    };
+    let server = broker(driver, &script, "", &[]);
+    let mut c = Client::new(&server.url);
+    c.initialize_with(json!({ "sampling": {} })).await;
+    let task = c
+        .call_task(
+            "ev_trigger-sampling-request",
+            json!({ "prompt": "a haiku about queues", "maxTokens": 20 }),
+        )
+        .await;
+    let task_id = task["taskId"].as_str().unwrap().to_owned();
+    wait_status(&mut c, &task_id, "input_required", Duration::from_secs(20)).await;
+    let (_, response) = c
+        .post_stream("tasks/result", json!({ "taskId": task_id }))
+        .await;
+    let mut sse = SseReader::new(response);
+    let request = loop {
+        let (_, m) = sse.next_message().await.expect("the question");
+        if m.get("method").is_some() && m.get("id").is_some() {
+            break m;
+        }
+    };
+    assert_eq!(request["method"], "sampling/createMessage", "{request}");
+    assert!(
+        request["params"]["messages"][0]["content"]["text"]
+            .as_str()
+            .unwrap_or_default()
+            .contains("a haiku about queues"),
+        "{request}"
+    );
+    let body = json!({
+        "jsonrpc": "2.0",
+        "id": request["id"],
+        "result": {
+            "role": "assistant",
+            "content": { "type": "text", "text": "jobs wait in a row" },
+            "model": "test-model",
+            "stopReason": "endTurn",
+        },
+    });
+    let raw = c.post_raw(c.headers(), body.to_string()).await;
+    assert_eq!(raw.status, 202, "{}", raw.body);
+    let last = loop {
+        let (_, m) = sse.next_message().await.expect("the result");
+        if m.get("result").is_some() || m.get("error").is_some() {
+            break m;
+        }
+    };
+    let text = last["result"].to_string();
+    assert!(
+        text.contains("jobs wait in a row") && text.contains("test-model"),
+        "the answer reached the upstream: {last}"
+    );
+}
+both_drivers!(an_upstream_sampling_request_is_answered_through_the_task);
