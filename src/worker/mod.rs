@@ -128,6 +128,7 @@ impl WorkerPool {
         let follower = tokio::spawn(follow_served_tools(
             self.tools.clone(),
             self.slots.clone(),
+            self.job_queued.clone(),
             shutdown.clone(),
         ));
         let release = CancellationToken::new();
@@ -341,13 +342,19 @@ impl WorkerPool {
 }
 
 /// Claim the tools served now: upstream servers' tools come and go while
-/// the pool runs.
+/// the pool runs. Each change wakes the pool (`wake`): jobs of a tool just
+/// served may be queued already (requeued after a restart).
 async fn follow_served_tools(
     tools: Arc<ToolCatalog>,
     slots: Arc<Slots>,
+    wake: Arc<Notify>,
     shutdown: CancellationToken,
 ) {
     let mut changed = tools.changed();
+    // A change between the slots' making and the subscription above would
+    // be missed: take the list as it is now first.
+    slots.serve(tools.current().definitions());
+    wake.notify_one();
     loop {
         tokio::select! {
             _ = shutdown.cancelled() => return,
@@ -356,6 +363,7 @@ async fn follow_served_tools(
                     return;
                 }
                 slots.serve(tools.current().definitions());
+                wake.notify_one();
             }
         }
     }
