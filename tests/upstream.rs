@@ -11,11 +11,14 @@
 
 #![allow(clippy::unwrap_used)]
 
+mod common;
+
 use std::collections::BTreeMap;
-use std::path::{Path, PathBuf};
+use std::path::Path;
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
+use common::server_everything;
 use serde_json::{Value, json};
 use taskbroker::mcp::{ErrorCode, LogLevel, RpcError};
 use taskbroker::upstream::session::IgnoreAll;
@@ -24,29 +27,6 @@ use taskbroker::upstream::{
     StdioSpec,
 };
 use tokio_util::sync::CancellationToken;
-
-/// `dist/index.js` of server-everything, or why the tests cannot run.
-fn server_everything() -> Option<PathBuf> {
-    let package = Path::new(env!("CARGO_MANIFEST_DIR"))
-        .join("tests/upstream/node_modules/@modelcontextprotocol/server-everything");
-    let script = package.join("dist/index.js");
-    let node = std::process::Command::new("node")
-        .arg("--version")
-        .output()
-        .is_ok_and(|o| o.status.success());
-    let why = if !node {
-        "no node on PATH"
-    } else if !script.exists() {
-        "tests/upstream/node_modules is missing (run npm ci in tests/upstream)"
-    } else {
-        return Some(script);
-    };
-    if std::env::var_os("TASKBROKER_REQUIRE_UPSTREAMS").is_some() {
-        panic!("upstream servers are required (TASKBROKER_REQUIRE_UPSTREAMS) but {why}");
-    }
-    eprintln!("skipping the upstream test: {why}");
-    None
-}
 
 fn spec(name: &str, argv: &[&str]) -> StdioSpec {
     StdioSpec {

@@ -114,6 +114,40 @@ async fn wait_upstream_state(server: &Server, name: &str, state: &str, within: D
     }
 }
 
+/// Open `tasks/result` of a task waiting for its client: the stream, and
+/// the first request the broker sends on it (the upstream's question).
+async fn question_on_result_stream(c: &mut Client, task_id: &str) -> (SseReader, Value) {
+    let (_, response) = c
+        .post_stream("tasks/result", json!({ "taskId": task_id }))
+        .await;
+    let mut sse = SseReader::new(response);
+    loop {
+        let (_, m) = sse.next_message().await.expect("the question");
+        if m.get("method").is_some() && m.get("id").is_some() {
+            return (sse, m);
+        }
+    }
+}
+
+/// Answer `request` with `result` (a POST, 202) and read the stream on
+/// to the task's result (or error).
+async fn answer_on_result_stream(
+    c: &Client,
+    sse: &mut SseReader,
+    request: &Value,
+    result: Value,
+) -> Value {
+    let body = json!({ "jsonrpc": "2.0", "id": request["id"], "result": result });
+    let raw = c.post_raw(c.headers(), body.to_string()).await;
+    assert_eq!(raw.status, 202, "{}", raw.body);
+    loop {
+        let (_, m) = sse.next_message().await.expect("the result");
+        if m.get("result").is_some() || m.get("error").is_some() {
+            return m;
+        }
+    }
+}
+
 /// `/readyz`: the HTTP status and the body.
 async fn readyz(server: &Server) -> (u16, Value) {
     let response = reqwest::get(server.url.replace("/mcp", "/readyz"))
@@ -263,34 +297,15 @@ async fn an_upstream_question_is_answered_through_the_task(driver: Driver) {
         .await;
     let task_id = task["taskId"].as_str().unwrap().to_owned();
     wait_status(&mut c, &task_id, "input_required", Duration::from_secs(20)).await;
-    let (_, response) = c
-        .post_stream("tasks/result", json!({ "taskId": task_id }))
-        .await;
-    let mut sse = SseReader::new(response);
-    let request = loop {
-        let (_, m) = sse.next_message().await.expect("the question");
-        if m.get("method").is_some() && m.get("id").is_some() {
-            break m;
-        }
-    };
+    let (mut sse, request) = question_on_result_stream(&mut c, &task_id).await;
     assert_eq!(request["method"], "elicitation/create", "{request}");
     assert_eq!(
         request["params"]["_meta"][RELATED]["taskId"],
         task_id.as_str()
     );
-    let body = json!({
-        "jsonrpc": "2.0",
-        "id": request["id"],
-        "result": { "action": "accept", "content": { "name": "Ada Lovelace", "check": true } },
-    });
-    let raw = c.post_raw(c.headers(), body.to_string()).await;
-    assert_eq!(raw.status, 202, "{}", raw.body);
-    let last = loop {
-        let (_, m) = sse.next_message().await.expect("the result");
-        if m.get("result").is_some() || m.get("error").is_some() {
-            break m;
-        }
-    };
+    let answer =
+        json!({ "action": "accept", "content": { "name": "Ada Lovelace", "check": true } });
+    let last = answer_on_result_stream(&c, &mut sse, &request, answer).await;
     let text = last["result"].to_string();
     assert!(
         text.contains("Ada Lovelace"),
@@ -1002,30 +1017,11 @@ async fn an_http_upstream_serves_plain_calls_tasks_questions_and_cancels(driver:
         .await;
     let task_id = task["taskId"].as_str().unwrap().to_owned();
     wait_status(&mut c, &task_id, "input_required", Duration::from_secs(20)).await;
-    let (_, response) = c
-        .post_stream("tasks/result", json!({ "taskId": task_id }))
-        .await;
-    let mut sse = SseReader::new(response);
-    let request = loop {
-        let (_, m) = sse.next_message().await.expect("the question");
-        if m.get("method").is_some() && m.get("id").is_some() {
-            break m;
-        }
-    };
+    let (mut sse, request) = question_on_result_stream(&mut c, &task_id).await;
     assert_eq!(request["method"], "elicitation/create", "{request}");
-    let body = json!({
-        "jsonrpc": "2.0",
-        "id": request["id"],
-        "result": { "action": "accept", "content": { "name": "Ada Lovelace", "check": true } },
-    });
-    let raw = c.post_raw(c.headers(), body.to_string()).await;
-    assert_eq!(raw.status, 202, "{}", raw.body);
-    let last = loop {
-        let (_, m) = sse.next_message().await.expect("the result");
-        if m.get("result").is_some() || m.get("error").is_some() {
-            break m;
-        }
-    };
+    let answer =
+        json!({ "action": "accept", "content": { "name": "Ada Lovelace", "check": true } });
+    let last = answer_on_result_stream(&c, &mut sse, &request, answer).await;
     assert!(
         last["result"].to_string().contains("Ada Lovelace"),
         "{last}"
@@ -1246,16 +1242,7 @@ async fn an_upstream_sampling_request_is_answered_through_the_task(driver: Drive
         .await;
     let task_id = task["taskId"].as_str().unwrap().to_owned();
     wait_status(&mut c, &task_id, "input_required", Duration::from_secs(20)).await;
-    let (_, response) = c
-        .post_stream("tasks/result", json!({ "taskId": task_id }))
-        .await;
-    let mut sse = SseReader::new(response);
-    let request = loop {
-        let (_, m) = sse.next_message().await.expect("the question");
-        if m.get("method").is_some() && m.get("id").is_some() {
-            break m;
-        }
-    };
+    let (mut sse, request) = question_on_result_stream(&mut c, &task_id).await;
     assert_eq!(request["method"], "sampling/createMessage", "{request}");
     assert!(
         request["params"]["messages"][0]["content"]["text"]
@@ -1264,24 +1251,13 @@ async fn an_upstream_sampling_request_is_answered_through_the_task(driver: Drive
             .contains("a haiku about queues"),
         "{request}"
     );
-    let body = json!({
-        "jsonrpc": "2.0",
-        "id": request["id"],
-        "result": {
-            "role": "assistant",
-            "content": { "type": "text", "text": "jobs wait in a row" },
-            "model": "test-model",
-            "stopReason": "endTurn",
-        },
+    let answer = json!({
+        "role": "assistant",
+        "content": { "type": "text", "text": "jobs wait in a row" },
+        "model": "test-model",
+        "stopReason": "endTurn",
     });
-    let raw = c.post_raw(c.headers(), body.to_string()).await;
-    assert_eq!(raw.status, 202, "{}", raw.body);
-    let last = loop {
-        let (_, m) = sse.next_message().await.expect("the result");
-        if m.get("result").is_some() || m.get("error").is_some() {
-            break m;
-        }
-    };
+    let last = answer_on_result_stream(&c, &mut sse, &request, answer).await;
     let text = last["result"].to_string();
     assert!(
         text.contains("jobs wait in a row") && text.contains("test-model"),
