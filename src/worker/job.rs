@@ -88,11 +88,7 @@ impl WorkerPool {
                 }
                 Some(event) = events.recv() => match event {
                     ToolEvent::Progress { progress: p, total, message } => {
-                        let text = message.unwrap_or_else(|| match total {
-                            Some(t) => format!("{p}/{t}"),
-                            None => format!("{p}"),
-                        });
-                        progress.pending = Some((p, total, text));
+                        progress.pending = Some((p, total, progress_text(p, total, message)));
                         if tokio::time::Instant::now() >= progress.due() {
                             progress.flush(self, &job).await;
                         }
@@ -109,7 +105,14 @@ impl WorkerPool {
                             }
                         }
                     }
-                    other => self.on_tool_event(&job, other).await,
+                    other => {
+                        // A status said after a progress report that still
+                        // waits for its turn must not be overwritten by it.
+                        if matches!(other, ToolEvent::Status(_)) {
+                            progress.flush(self, &job).await;
+                        }
+                        self.on_tool_event(&job, other).await
+                    }
                 },
                 Some(change) = feed.recv() => {
                     if let FeedEvent::Status(e) = change.as_ref()
@@ -161,14 +164,18 @@ impl WorkerPool {
             }
             return;
         };
-        // Progress reported just before the end is stored before the end.
-        while let Ok(ToolEvent::Progress {
-            progress: p,
-            total,
-            message,
-        }) = events.try_recv()
-        {
-            progress.pending = Some((p, total, message.unwrap_or_else(|| format!("{p}"))));
+        // Progress reported just before the end is stored before the end;
+        // what else is still queued (status, logs) is overtaken by the
+        // outcome.
+        while let Ok(event) = events.try_recv() {
+            if let ToolEvent::Progress {
+                progress: p,
+                total,
+                message,
+            } = event
+            {
+                progress.pending = Some((p, total, progress_text(p, total, message)));
+            }
         }
         progress.flush(self, &job).await;
         self.record(&job, &outcome, started).await;
@@ -306,7 +313,7 @@ impl WorkerPool {
             .task_set_status_message(job.task_seq, &job.lease_token, &message, now_ms())
             .await
         {
-            tracing::debug!(task_id = %job.task_id, error = %e, "status message not stored");
+            log_not_stored(&job.task_id, "status message", &e);
         }
     }
 
@@ -339,6 +346,27 @@ impl WorkerPool {
                 }
             }
         }
+    }
+}
+
+/// A progress report's status text: its message, else `progress/total`.
+fn progress_text(progress: f64, total: Option<f64>, message: Option<String>) -> String {
+    message.unwrap_or_else(|| match total {
+        Some(t) => format!("{progress}/{t}"),
+        None => format!("{progress}"),
+    })
+}
+
+/// A progress or status write that did not land: expected once the lease is
+/// gone (the task ended or moved), worth a warning otherwise.
+fn log_not_stored(task_id: &str, what: &str, error: &StoreError) {
+    match error {
+        StoreError::LeaseLost => tracing::debug!(
+            task_id,
+            what,
+            "not stored: the run no longer holds the task"
+        ),
+        e => tracing::warn!(task_id, what, error = %e, "not stored"),
     }
 }
 
@@ -378,7 +406,7 @@ impl ProgressThrottle {
             .await;
         match stored {
             Ok(()) => pool.feed.kick(),
-            Err(e) => tracing::debug!(task_id = %job.task_id, error = %e, "progress not stored"),
+            Err(e) => log_not_stored(&job.task_id, "progress", &e),
         }
     }
 }

@@ -136,10 +136,16 @@ async def checks(run: Run, url: str, db: str) -> None:
             task_id = created.task.taskId
             final, messages = await poll(s, task_id)
             run.check(final.status == "completed", "2. the task call completes", final)
+            with sqlite3.connect(f"file:{db}?mode=ro", uri=True) as conn:
+                stored = conn.execute(
+                    "SELECT p.progress, p.message, p.at FROM task_progress p JOIN tasks t ON t.seq = p.task_seq"
+                    " WHERE t.task_id = ? ORDER BY p.at",
+                    (task_id,),
+                ).fetchall()
             run.check(
                 any(m.startswith("step ") and " of 3" in m for m in messages),
                 "2. the server's log lines became the task's statusMessage",
-                messages,
+                {"seen by tasks/get": messages, "progress rows": stored},
             )
             result = await s.experimental.get_task_result(task_id, types.CallToolResult)
             run.check(text_of(result) == "report of 3 steps", "2. tasks/result is the server's answer", result)
