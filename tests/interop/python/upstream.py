@@ -14,9 +14,11 @@ and kills it at the end (also on failure).
 
 Checks:
   1. tools/list shows the server's tools with their input schema
-  2. a task call of slow_report (3 steps): polled to completed; the
-     server's log lines became the task's statusMessage on the way, its
-     progress was kept with the task, tasks/result is the server's answer
+  2. a task call of slow_report (3 steps): polled to completed, its
+     progress was kept with the task, tasks/result is the server's answer;
+     a task call of wait_for: the server's log line (said after its
+     progress) is the task's statusMessage while it waits, then it
+     completes once the test creates the file
   3. a plain call answers at once with the server's answer
   4. a tool that raises: the task fails, with the server's error text
   5. tasks/cancel of a long slow_report: cancelled, and stays cancelled
@@ -134,19 +136,8 @@ async def checks(run: Run, url: str, db: str) -> None:
 
             created = await s.experimental.call_tool_as_task("slow_report", {"steps": 3}, ttl=TTL_MS)
             task_id = created.task.taskId
-            final, messages = await poll(s, task_id)
+            final, _ = await poll(s, task_id)
             run.check(final.status == "completed", "2. the task call completes", final)
-            with sqlite3.connect(f"file:{db}?mode=ro", uri=True) as conn:
-                stored = conn.execute(
-                    "SELECT p.progress, p.message, p.at FROM task_progress p JOIN tasks t ON t.seq = p.task_seq"
-                    " WHERE t.task_id = ? ORDER BY p.at",
-                    (task_id,),
-                ).fetchall()
-            run.check(
-                any(m.startswith("step ") and " of 3" in m for m in messages),
-                "2. the server's log lines became the task's statusMessage",
-                {"seen by tasks/get": messages, "progress rows": stored},
-            )
             result = await s.experimental.get_task_result(task_id, types.CallToolResult)
             run.check(text_of(result) == "report of 3 steps", "2. tasks/result is the server's answer", result)
             with sqlite3.connect(f"file:{db}?mode=ro", uri=True) as conn:
@@ -155,6 +146,30 @@ async def checks(run: Run, url: str, db: str) -> None:
                     (task_id,),
                 ).fetchone()
             run.check(progress >= 1, "2. the server's progress was kept with the task", progress)
+
+            gate = os.path.join(os.path.dirname(db), "gate")
+            created = await s.experimental.call_tool_as_task("wait_for", {"path": gate}, ttl=TTL_MS)
+            waiting, seen = None, []
+            deadline = time.monotonic() + 30
+            while time.monotonic() < deadline:
+                waiting = await s.experimental.get_task(created.task.taskId)
+                seen.append(waiting.statusMessage)
+                if waiting.statusMessage == f"waiting for {gate}" or waiting.status != "working":
+                    break
+                await anyio.sleep(0.1)
+            run.check(
+                waiting is not None and waiting.status == "working" and waiting.statusMessage == f"waiting for {gate}",
+                "2. the server's log line is the task's statusMessage",
+                {"last": waiting, "statusMessages seen": seen[-10:]},
+            )
+            open(gate, "w").close()
+            final, _ = await poll(s, created.task.taskId)
+            opened = await s.experimental.get_task_result(created.task.taskId, types.CallToolResult)
+            run.check(
+                final.status == "completed" and text_of(opened) == "opened",
+                "2. and it completes once the file exists",
+                (final, opened),
+            )
 
             plain = await s.call_tool("slow_report", {"steps": 1})
             run.check(text_of(plain) == "report of 1 steps" and not plain.isError, "3. a plain call answers", plain)

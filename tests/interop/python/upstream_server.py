@@ -8,7 +8,11 @@ Tools:
   slow_report {steps}  reports progress and logs a line per step (0.3 s
                        each), then answers "report of N steps"
   fail_always          raises, which the SDK turns into an isError result
+  wait_for {path}      reports progress, logs "waiting for <path>", then
+                       waits until that file exists and answers "opened"
 """
+
+import os
 
 import anyio
 from mcp.server.fastmcp import Context, FastMCP
@@ -30,6 +34,16 @@ async def slow_report(steps: int, ctx: Context) -> str:
 async def fail_always() -> str:
     """Always fails."""
     raise RuntimeError("this tool always fails")
+
+
+@mcp.tool()
+async def wait_for(path: str, ctx: Context) -> str:
+    """Wait until a file exists, saying what it waits for."""
+    await ctx.report_progress(0, 1, "started")
+    await ctx.info(f"waiting for {path}")
+    while not os.path.exists(path):
+        await anyio.sleep(0.05)
+    return "opened"
 
 
 if __name__ == "__main__":
