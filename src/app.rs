@@ -16,7 +16,7 @@ use crate::server::{
     AppState, Audit, ClientRequests, RateLimiter, RequestLimits, ServerConfig, SessionStreams,
     Sessions, StreamCounter, Streams, spawn_status_notifier, spawn_tools_notifier,
 };
-use crate::store::{self, Database, Durability, Store, WorkerKind};
+use crate::store::{self, Database, Durability, FeedInterest, Store, WorkerKind};
 use crate::tools::{TaskSupport, Tool, ToolCatalog};
 use crate::upstream::{UpstreamSpec, Upstreams};
 use crate::worker::{WorkerConfig, WorkerPool};
@@ -96,6 +96,10 @@ pub struct WorkConfig {
 
 /// How often the change-feed tailer checks for commits by other processes.
 const FEED_TICK: Duration = Duration::from_millis(10);
+/// How often a worker process's change feed catches up on what it was not
+/// woken for (cancellations and answers wake it at once; the lease
+/// heartbeat is the fallback).
+const WORKER_FEED_CATCH_UP: Duration = Duration::from_secs(1);
 
 /// Store-side services every broker process runs: the change feed and
 /// maintenance (ttl purge, lease rescue).
@@ -116,7 +120,12 @@ impl Core {
         broker: BrokerConfig,
         lease: Duration,
         session_idle: Option<Duration>,
+        interest: FeedInterest,
     ) -> anyhow::Result<Self> {
+        let tick = match interest {
+            FeedInterest::Everything => FEED_TICK,
+            FeedInterest::Control => WORKER_FEED_CATCH_UP,
+        };
         let groups = upstreams.iter().map(|u| u.name.clone()).collect();
         let tools = Arc::new(ToolCatalog::new(tools, groups)?);
         crate::metrics::get().zero_known_series(
@@ -129,7 +138,7 @@ impl Core {
         let feed = Feed::new();
         let shutdown = CancellationToken::new();
         let tailer = feed
-            .spawn_tailer(store.clone(), FEED_TICK, shutdown.clone())
+            .spawn_tailer(store.clone(), interest, tick, shutdown.clone())
             .await?;
         let job_queued = Arc::new(tokio::sync::Notify::new());
         let writer = Writer::spawn(store.clone(), feed.clone(), job_queued.clone());
@@ -212,6 +221,7 @@ pub async fn serve(config: ServeConfig) -> anyhow::Result<()> {
         config.broker.clone(),
         config.lease,
         Some(config.server.session_idle),
+        FeedInterest::Everything,
     )
     .await?;
     // Cancelled by SIGINT/SIGTERM: HTTP drains, workers stop claiming and
@@ -379,6 +389,7 @@ impl McpEndpoint {
             config.broker.clone(),
             config.lease,
             Some(config.server.session_idle),
+            FeedInterest::Everything,
         )
         .await?;
         let state = app_state(
@@ -442,6 +453,7 @@ pub async fn work(config: WorkConfig) -> anyhow::Result<()> {
         BrokerConfig::default(),
         config.lease,
         None,
+        FeedInterest::Control,
     )
     .await?;
     let scrape = core.scrape(crate::metrics::Scrape::new(store, None, None));

@@ -499,6 +499,60 @@ async fn workers_table_tracks_live_stopped_and_dead_workers(driver: Driver) {
 
 both_drivers!(workers_table_tracks_live_stopped_and_dead_workers);
 
+/// Issue 26: adding worker processes adds no work to every task. A worker
+/// process's change feed is woken only by cancellations and answers (and
+/// catches up once a second), not by the other processes' creations and
+/// completions: with 4 worker processes and 400 tasks from 16 clients, the
+/// feed reads of all the workers (counted in their sqlx statement logs)
+/// stay within 4 x (seconds of the run + 3). Before, each worker read the
+/// feed after every commit of any process: hundreds per second.
+async fn worker_processes_read_the_feed_per_second_not_per_commit(driver: Driver) {
+    let server = Server::start_on(driver, &["--workers", "0"]);
+    let workers: Vec<WorkerProc> = (0..4)
+        .map(|n| {
+            WorkerProc::start_logging(
+                &server,
+                n,
+                &["--concurrency", "8"],
+                "warn,sqlx::query=debug",
+            )
+        })
+        .collect();
+    let started = Instant::now();
+    let clients = (0..16).map(|_| {
+        let server = &server;
+        async move {
+            let mut c = server.client().await;
+            for _ in 0..25 {
+                let task_id = id(&c.call_task("sleep", json!({"seconds": 0})).await);
+                let result = c.ok("tasks/result", json!({"taskId": task_id})).await;
+                assert_eq!(result["content"][0]["text"], "slept 0 s", "{result}");
+            }
+        }
+    });
+    futures_util::future::join_all(clients).await;
+    let seconds = started.elapsed().as_secs_f64();
+    let mut reads = 0usize;
+    let mut statements = 0usize;
+    for w in &workers {
+        let log = std::fs::read(&w.log).unwrap();
+        let log = String::from_utf8_lossy(&log);
+        reads += log.matches("FROM task_events e JOIN").count();
+        statements += log.lines().filter(|l| l.contains("sqlx::query")).count();
+    }
+    let bound = (4.0 * (seconds + 3.0)) as usize;
+    eprintln!(
+        "{driver:?}: 400 tasks in {seconds:.1} s; the 4 workers read the feed {reads} times \
+         (bound {bound}) and ran {statements} statements ({:.1} per task)",
+        statements as f64 / 400.0
+    );
+    assert!(
+        reads <= bound,
+        "worker feeds read {reads} times in {seconds:.1} s (bound {bound})"
+    );
+}
+both_drivers!(worker_processes_read_the_feed_per_second_not_per_commit);
+
 /// Issue 23: brokers, workers and `taskbroker migrate` started at once on a
 /// new database all come up: the loser of a migration race retries until
 /// the winner is done, and a worker that finds no schema yet (or one being
@@ -681,10 +735,11 @@ async fn claim_query_uses_the_partial_index_on_queued_jobs() {
     );
 }
 
-/// Worker processes and the server wake each other through `<db>-wake`
-/// (T-31 latency; see README "Operations"): the file sits beside the
-/// database, and however many commits poke it, it stays one byte.
-/// (SQLite only: PostgreSQL has no wake file, it signals by LISTEN/NOTIFY.)
+/// Worker processes and the server wake each other through wake files
+/// (T-31 latency; see README "Operations"): `<db>-wake` (changes),
+/// `<db>-queue` (claimable jobs), `<db>-control` (cancels, answers) sit
+/// beside the database, and however many commits poke them, each stays one
+/// byte. (SQLite only: PostgreSQL signals by LISTEN/NOTIFY.)
 #[tokio::test]
 async fn wake_file_beside_the_database_stays_one_byte() {
     let server = Server::start(&["--workers", "0"]);
@@ -695,8 +750,14 @@ async fn wake_file_beside_the_database_stays_one_byte() {
         let result = c.ok("tasks/result", json!({"taskId": task_id})).await;
         assert_eq!(result["content"][0]["text"], "slept 0 s", "{result}");
     }
-    let mut wake = server.db().into_os_string();
-    wake.push("-wake");
-    let meta = std::fs::metadata(&wake).unwrap();
-    assert_eq!(meta.len(), 1, "the wake file never grows");
+    // A cancel pokes the control file.
+    let task_id = id(&c.call_task("sleep", json!({"seconds": 30})).await);
+    let cancelled = c.ok("tasks/cancel", json!({"taskId": task_id})).await;
+    assert_eq!(cancelled["status"], "cancelled", "{cancelled}");
+    for suffix in ["-wake", "-queue", "-control"] {
+        let mut wake = server.db().into_os_string();
+        wake.push(suffix);
+        let meta = std::fs::metadata(&wake).unwrap_or_else(|e| panic!("{suffix}: {e}"));
+        assert_eq!(meta.len(), 1, "the {suffix} file never grows");
+    }
 }

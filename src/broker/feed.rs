@@ -3,9 +3,17 @@
 //! running jobs) never poll the database each.
 //!
 //! The tailer reads through the storage driver's [`ChangeFeed`]: it wakes
-//! on a short tick, when the driver says another process committed, or at
-//! once when this process kicks it after a write of its own; and it reads
-//! rows only when the feed's version says something committed.
+//! on a tick, when the driver says another process committed a change of
+//! the feed's interest, or at once when this process kicks it after a write
+//! of its own; and it reads rows only when the feed's version says something
+//! committed.
+//!
+//! A server's feed follows every change (its clients wait on any task). A
+//! worker process's feed follows only cancellations and answers (what its
+//! running jobs wait on): other processes' creations and completions do not
+//! wake it, and it catches up on a slow tick, so adding worker processes
+//! does not add work to every task. Claimers are woken apart, only when a
+//! job became claimable ([`Feed::queued`]).
 
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -15,7 +23,7 @@ use std::time::Duration;
 use tokio::sync::{Notify, broadcast, mpsc, watch};
 use tokio_util::sync::CancellationToken;
 
-use crate::store::{ChangeFeed, ProgressEvent, Store, StoreError, TaskEvent};
+use crate::store::{ChangeFeed, FeedInterest, ProgressEvent, Signal, Store, StoreError, TaskEvent};
 
 /// One change the feed reports.
 #[derive(Debug, Clone)]
@@ -62,9 +70,11 @@ pub struct Feed {
     kick: Arc<Notify>,
     /// Told after this process commits, to tell the other processes.
     store: Arc<OnceLock<Store>>,
-    /// Counts the commits the tailer saw (any process): a job may be
-    /// waiting for a worker (a new task, or one released or rescued).
-    commits: watch::Sender<u64>,
+    /// What wakes the tailer (set when it starts).
+    interest: Arc<OnceLock<FeedInterest>>,
+    /// Counts the signals heard that a job became claimable (any process:
+    /// a new task, or one given back or rescued).
+    queued: watch::Sender<u64>,
 }
 
 impl Feed {
@@ -77,7 +87,8 @@ impl Feed {
             next_watch: Arc::default(),
             kick: Arc::new(Notify::new()),
             store: Arc::new(OnceLock::new()),
-            commits: watch::Sender::new(0),
+            interest: Arc::new(OnceLock::new()),
+            queued: watch::Sender::new(0),
         }
     }
 
@@ -119,18 +130,38 @@ impl Feed {
         let _ = self.events.send(event);
     }
 
-    /// Watch commits (any process): `changed()` resolves once the tailer saw
-    /// one after the receiver last looked.
-    pub fn commits(&self) -> watch::Receiver<u64> {
-        self.commits.subscribe()
+    /// Watch for jobs becoming claimable (any process): `changed()`
+    /// resolves once a signal came after the receiver last looked.
+    pub fn queued(&self) -> watch::Receiver<u64> {
+        self.queued.subscribe()
     }
 
-    /// Tell the tailer this process just committed a change, and the other
-    /// processes on the database through the wake file.
+    /// Tell the tailer this process just committed a change (a server's
+    /// tailer reads it at once for its waiters), and the processes that
+    /// follow every change.
     pub fn kick(&self) {
-        self.kick.notify_one();
+        if self.interest.get() != Some(&FeedInterest::Control) {
+            self.kick.notify_one();
+        }
+        self.announce(Signal::Changed);
+    }
+
+    /// [`Feed::kick`] after a commit that cancelled a task or answered its
+    /// request: the processes running tasks hear of it too.
+    pub fn kick_control(&self) {
+        self.kick();
+        self.announce(Signal::Control);
+    }
+
+    /// Tell the claimers of every process that this one just made jobs
+    /// claimable (this process's own pool is woken apart).
+    pub fn announce_queued(&self) {
+        self.announce(Signal::Queued);
+    }
+
+    fn announce(&self, signal: Signal) {
         if let Some(store) = self.store.get() {
-            store.announce_commit();
+            store.announce(signal);
         }
     }
 
@@ -140,17 +171,35 @@ impl Feed {
         self.publish(FeedEvent::Written(Arc::from(task_id)));
     }
 
-    /// Start the tailer: it runs until `shutdown`.
+    /// Start the tailer, woken by the commits of `interest` and every
+    /// `tick`: it runs until `shutdown`. A feed of [`FeedInterest::Control`]
+    /// reads at every tick (its catch-up) and ignores this process's kicks.
     pub async fn spawn_tailer(
         &self,
         store: Store,
+        interest: FeedInterest,
         tick: Duration,
         shutdown: CancellationToken,
     ) -> Result<tokio::task::JoinHandle<()>, StoreError> {
-        let mut changes: Box<dyn ChangeFeed> = store.change_feed(shutdown.clone()).await?;
+        let mut changes: Box<dyn ChangeFeed> =
+            store.change_feed(interest, shutdown.clone()).await?;
         let remote = changes.remote();
         let mut version = changes.version().await?;
         let _ = self.store.set(store);
+        let _ = self.interest.set(interest);
+        let catch_up = interest == FeedInterest::Control;
+        // Claim signals: counted for the pool.
+        let queued = changes.queued();
+        let counter = self.queued.clone();
+        let stop = shutdown.clone();
+        tokio::spawn(async move {
+            loop {
+                tokio::select! {
+                    _ = stop.cancelled() => return,
+                    _ = queued.notified() => counter.send_modify(|n| *n += 1),
+                }
+            }
+        });
         let feed = self.clone();
         Ok(tokio::spawn(async move {
             let mut idle: u32 = 0;
@@ -158,12 +207,16 @@ impl Feed {
             // new was committed (waiters do not poll).
             let mut behind = false;
             loop {
-                let wait = tick * (1 + idle / 10);
+                let wait = if catch_up {
+                    tick
+                } else {
+                    tick * (1 + idle / 10)
+                };
                 let kicked = tokio::select! {
                     _ = shutdown.cancelled() => return,
                     _ = feed.kick.notified() => true,
                     _ = remote.notified() => false,
-                    _ = tokio::time::sleep(wait) => false,
+                    _ = tokio::time::sleep(wait) => catch_up,
                 };
                 match changes.version().await {
                     Ok(v) if v == version && !kicked && !behind => {
@@ -172,9 +225,6 @@ impl Feed {
                         continue;
                     }
                     Ok(v) => {
-                        if v != version {
-                            feed.commits.send_modify(|n| *n += 1);
-                        }
                         version = v;
                         idle = 0;
                     }

@@ -70,6 +70,7 @@ pub async fn run(broker: Broker, config: MaintenanceConfig, shutdown: Cancellati
                     broker.feed().kick();
                     if report.requeued > 0 {
                         broker.job_queued().notify_one();
+                        broker.feed().announce_queued();
                     }
                 }
                 Ok(_) => {}

@@ -541,7 +541,7 @@ impl Broker {
             .task_message_answer(request_id, owner.as_str(), &answer.to_stored(), now_ms())
             .await?;
         if outcome == AnswerOutcome::Stored {
-            self.feed.kick();
+            self.feed.kick_control();
             tracing::info!(request_id, "the client answered a task's request");
         }
         Ok(outcome == AnswerOutcome::Stored)
@@ -616,7 +616,7 @@ impl Broker {
         match outcome {
             CancelOutcome::Cancelled(row) => {
                 crate::metrics::get().task_finished(&row.tool, "cancelled");
-                self.feed.kick();
+                self.feed.kick_control();
                 tracing::info!(task_id, "task cancelled");
                 Ok(task_from_row(&row))
             }

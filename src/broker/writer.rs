@@ -173,6 +173,7 @@ impl Writer {
                     taken.len() == queued && taken.iter().all(|id| created.contains(id));
                 if queued > 0 && !all_handed {
                     job_queued.notify_one();
+                    feed.announce_queued();
                 }
                 for task_id in &finished {
                     feed.written(task_id);

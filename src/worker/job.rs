@@ -79,7 +79,10 @@ impl WorkerPool {
                 _ = release.cancelled() => {
                     cancel.cancel();
                     match self.store.job_release(job.task_seq, &job.lease_token, now_ms()).await {
-                        Ok(true) => tracing::info!(task_id = %job.task_id, "job released: queued for another worker, attempt not counted"),
+                        Ok(true) => {
+                            self.feed.announce_queued();
+                            tracing::info!(task_id = %job.task_id, "job released: queued for another worker, attempt not counted");
+                        }
                         Ok(false) => tracing::info!(task_id = %job.task_id, "job of a cancelled task closed"),
                         Err(e) => tracing::warn!(task_id = %job.task_id, error = %e, "releasing the job failed; its lease will expire"),
                     }

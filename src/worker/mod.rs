@@ -154,11 +154,12 @@ impl WorkerPool {
         // Whether that word is certain (a job queued by this process), so
         // the claim need not look first.
         let mut certain = true;
-        // Tasks created by other processes come through the change feed; an
+        // Jobs queued by other processes are signalled through the feed
+        // (only those: completions and progress wake no claimer); an
         // embedded pool hears of its server's own at once (`job_queued`, or
-        // the jobs themselves), so it leaves the feed alone (another server
-        // on the same file would be found within `idle_max`).
-        let mut commits = self.feed.commits();
+        // the jobs themselves), so it leaves the signal alone (another
+        // server on the same file would be found within `idle_max`).
+        let mut queued_elsewhere = self.feed.queued();
         // Whether the last claim found a tool at its limit.
         let mut tool_capped = false;
         let feed_wakes = self.config.kind != WorkerKind::Embedded;
@@ -178,9 +179,9 @@ impl WorkerPool {
                     // A slot came back: a tool that was at its limit may
                     // take a queued job now.
                     _ = self.slots.freed(), if tool_capped => { idle = IDLE_MIN; certain = false; }
-                    // A job created, given back or rescued elsewhere: any
-                    // commit is worth a look (a read first).
-                    Ok(()) = commits.changed(), if feed_wakes => { idle = IDLE_MIN; certain = false; }
+                    // A job created, given back or rescued elsewhere (a
+                    // read first: another claimer may have taken it).
+                    Ok(()) = queued_elsewhere.changed(), if feed_wakes => { idle = IDLE_MIN; certain = false; }
                     _ = tokio::time::sleep(idle) => {
                         idle = (idle * 2).min(self.config.idle_max);
                         certain = false;
@@ -197,7 +198,7 @@ impl WorkerPool {
                 }
                 reserved = self.slots.reserve(self.slots.cap()) => reserved,
             };
-            commits.borrow_and_update();
+            queued_elsewhere.borrow_and_update();
             let Some(mut reserved) = reserved else {
                 // Every tool is at its limit: wait for a slot to come back.
                 drained = true;
@@ -225,6 +226,7 @@ impl WorkerPool {
                             .store
                             .job_unclaim(job.task_seq, &job.lease_token, now_ms())
                             .await;
+                        self.feed.announce_queued();
                     }
                 }
             }

@@ -735,6 +735,12 @@ impl WorkerProc {
     /// Start `taskbroker worker --db <server db>` with `extra` flags; its
     /// log goes to `<server dir>/worker-<n>.log`. On either driver.
     pub fn start(server: &Server, n: usize, extra: &[&str]) -> Self {
+        Self::start_logging(server, n, extra, "info,sqlx=warn")
+    }
+
+    /// [`WorkerProc::start`] with `RUST_LOG=<filter>` (say, the sqlx
+    /// statement log, to count statements).
+    pub fn start_logging(server: &Server, n: usize, extra: &[&str], filter: &str) -> Self {
         let log = server.dir.join(format!("worker-{n}.log"));
         let file = std::fs::OpenOptions::new()
             .create(true)
@@ -746,7 +752,7 @@ impl WorkerProc {
             .arg("--db")
             .arg(server.db_arg())
             .args(extra)
-            .env("RUST_LOG", "info,sqlx=warn")
+            .env("RUST_LOG", filter)
             .stdout(Stdio::null())
             .stderr(Stdio::from(file))
             .spawn()

@@ -9,7 +9,7 @@ async fn change_feed_follows_every_transition_from_the_head(db: TestDb) {
     assert_eq!(db.store.task_events_head().await.unwrap(), 0, "empty feed");
     let mut feed = db
         .store
-        .change_feed(CancellationToken::new())
+        .change_feed(FeedInterest::Everything, CancellationToken::new())
         .await
         .unwrap();
 
@@ -27,7 +27,7 @@ async fn change_feed_follows_every_transition_from_the_head(db: TestDb) {
     // A feed opened now starts at the head: it sees only what follows.
     let mut late = db
         .store
-        .change_feed(CancellationToken::new())
+        .change_feed(FeedInterest::Everything, CancellationToken::new())
         .await
         .unwrap();
 
@@ -73,7 +73,11 @@ store_test!(change_feed_follows_every_transition_from_the_head);
 /// never waits for that).
 async fn change_feed_version_moves_after_a_commit(db: TestDb) {
     let shutdown = CancellationToken::new();
-    let mut feed = db.store.change_feed(shutdown.clone()).await.unwrap();
+    let mut feed = db
+        .store
+        .change_feed(FeedInterest::Everything, shutdown.clone())
+        .await
+        .unwrap();
     let v1 = feed.version().await.unwrap();
     assert_eq!(feed.version().await.unwrap(), v1, "no commit, no change");
 
@@ -99,18 +103,25 @@ store_test!(change_feed_version_moves_after_a_commit);
 /// fires, its version moves, and it reads what the other handle wrote.
 async fn change_feed_wakes_when_another_handle_commits(db: TestDb) {
     let shutdown = CancellationToken::new();
-    let mut feed = db.store.change_feed(shutdown.clone()).await.unwrap();
+    let mut feed = db
+        .store
+        .change_feed(FeedInterest::Everything, shutdown.clone())
+        .await
+        .unwrap();
     let v1 = feed.version().await.unwrap();
 
     let other = store::open(db.location(), Durability::Full).await.unwrap();
-    let other_feed = other.change_feed(shutdown.clone()).await.unwrap();
+    let other_feed = other
+        .change_feed(FeedInterest::Everything, shutdown.clone())
+        .await
+        .unwrap();
     let remote = feed.remote();
     let woken = remote.notified();
     other
         .task_create(&new_task("t-other", "alice"), Some(JOB), None, T0)
         .await
         .unwrap();
-    other.announce_commit();
+    other.announce(Signal::Changed);
     tokio::time::timeout(Duration::from_secs(10), woken)
         .await
         .expect("the other handle's commit wakes this feed");
@@ -132,7 +143,7 @@ async fn change_feed_wakes_when_another_handle_commits(db: TestDb) {
         .task_record_progress(claimed.task_seq, "lease-1", 0.5, None, "half", T0 + 2)
         .await
         .unwrap();
-    other.announce_commit();
+    other.announce(Signal::Changed);
     tokio::time::timeout(Duration::from_secs(10), async {
         loop {
             let woken = remote.notified();
@@ -156,7 +167,7 @@ store_test!(change_feed_wakes_when_another_handle_commits);
 async fn change_feed_reads_progress_reports_in_order(db: TestDb) {
     let mut feed = db
         .store
-        .change_feed(CancellationToken::new())
+        .change_feed(FeedInterest::Everything, CancellationToken::new())
         .await
         .unwrap();
     let row = db
@@ -201,7 +212,11 @@ async fn feed_misses_nothing_under_concurrent_writers(db: TestDb) {
     const WRITERS: usize = 6;
     const TASKS_EACH: usize = 25;
     let shutdown = CancellationToken::new();
-    let mut feed = db.store.change_feed(shutdown.clone()).await.unwrap();
+    let mut feed = db
+        .store
+        .change_feed(FeedInterest::Everything, shutdown.clone())
+        .await
+        .unwrap();
     let writers: Vec<_> = (0..WRITERS)
         .map(|w| {
             let store = db.store.clone();
@@ -257,3 +272,88 @@ store_test!(
     #[multi_thread]
     feed_misses_nothing_under_concurrent_writers
 );
+
+/// Whether `notify` fires within `wait`.
+async fn fires(notify: &tokio::sync::Notify, wait: Duration) -> bool {
+    tokio::time::timeout(wait, notify.notified()).await.is_ok()
+}
+
+/// A worker process's feed (interest Control) is woken by another
+/// process's cancellations and answers, not by its creations, claims,
+/// progress or completions; its claim signal (`queued`) fires when a job
+/// is queued, and not when one is claimed or completed. (What keeps the
+/// work per task flat as worker processes are added.)
+async fn a_control_feed_wakes_for_cancels_and_answers_only(db: TestDb) {
+    let shutdown = CancellationToken::new();
+    let feed = db
+        .store
+        .change_feed(FeedInterest::Control, shutdown.clone())
+        .await
+        .unwrap();
+    let other = store::open(db.location(), Durability::Full).await.unwrap();
+    // The other handle announces as a process does (a feed of its own opens
+    // its wake files).
+    let other_feed = other
+        .change_feed(FeedInterest::Everything, shutdown.clone())
+        .await
+        .unwrap();
+    let (remote, queued) = (feed.remote(), feed.queued());
+    let quiet = Duration::from_millis(300);
+    let long = Duration::from_secs(10);
+
+    // A task with a job: claimers hear of it; the control feed does not.
+    let row = other
+        .task_create(&new_task("t-q", "alice"), Some(JOB), None, T0)
+        .await
+        .unwrap();
+    other.announce(Signal::Changed);
+    other.announce(Signal::Queued);
+    assert!(fires(&queued, long).await, "a queued job wakes claimers");
+    assert!(
+        !fires(&remote, quiet).await,
+        "a creation does not wake a control feed"
+    );
+
+    // Claim, progress, completion: neither signal.
+    let claimed = claim_one(&other, "w1", "lease-q", T0 + 1).await;
+    other
+        .task_record_progress(claimed.task_seq, "lease-q", 1.0, None, "one", T0 + 2)
+        .await
+        .unwrap();
+    other
+        .job_complete(row.seq, "lease-q", &completed_outcome(), T0 + 3)
+        .await
+        .unwrap();
+    other.announce(Signal::Changed);
+    assert!(
+        !fires(&remote, quiet).await,
+        "a completion does not wake a control feed"
+    );
+    assert!(
+        !fires(&queued, quiet).await,
+        "a claim or completion does not wake claimers"
+    );
+
+    // A cancellation does.
+    other
+        .task_create(&new_task("t-c", "alice"), Some(JOB), None, T0 + 4)
+        .await
+        .unwrap();
+    claim_one(&other, "w1", "lease-c", T0 + 5).await;
+    let _ = fires(&queued, quiet).await;
+    other
+        .task_cancel("t-c", "alice", "stop", T0 + 6)
+        .await
+        .unwrap();
+    other.announce(Signal::Changed);
+    other.announce(Signal::Control);
+    assert!(
+        fires(&remote, long).await,
+        "a cancellation wakes a control feed"
+    );
+
+    shutdown.cancel();
+    drop(other_feed);
+    other.close().await;
+}
+store_test!(a_control_feed_wakes_for_cancels_and_answers_only);

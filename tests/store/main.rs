@@ -60,10 +60,10 @@ use taskbroker::store::ops::{
     WorkerLife,
 };
 use taskbroker::store::{
-    self, AnswerOutcome, CancelOutcome, ClaimedJob, Driver, Durability, NewJob, NewSession,
-    NewTask, NewToken, NewWorker, OneWrite, QueueDepth, RescueReport, ResultKind, SchemaVersions,
-    Store, StoreError, TaskMessage, TaskOutcome, TaskRow, TaskStatus, ToolQuota, WorkerCounts,
-    WorkerKind, WorkerState, Write, Written,
+    self, AnswerOutcome, CancelOutcome, ClaimedJob, Driver, Durability, FeedInterest, NewJob,
+    NewSession, NewTask, NewToken, NewWorker, OneWrite, QueueDepth, RescueReport, ResultKind,
+    SchemaVersions, Signal, Store, StoreError, TaskMessage, TaskOutcome, TaskRow, TaskStatus,
+    ToolQuota, WorkerCounts, WorkerKind, WorkerState, Write, Written,
 };
 use tempfile::TempDir;
 use tokio_util::sync::CancellationToken;

@@ -1,8 +1,10 @@
-//! The PostgreSQL change feed: a listener task (`LISTEN
-//! taskbroker_changes` on a connection of its own) hears every commit that
-//! changed tasks, jobs or messages, from any process, this one included;
-//! the schema's triggers notify at commit. Each notification bumps the
-//! feed's version and wakes `remote()`.
+//! The PostgreSQL change feed: a listener task (`LISTEN` on a connection of
+//! its own) hears the commits of the feed's interest from any process, this
+//! one included; the schema's triggers notify at commit, on one channel per
+//! kind (migration V8): `taskbroker_changes` (statuses, progress, input
+//! requests), `taskbroker_queued` (a job is queued), `taskbroker_control`
+//! (a cancel or an answer). Each notification of the followed kind bumps
+//! the feed's version and wakes `remote()`; a queued one wakes `queued()`.
 //!
 //! Feed ids (`task_events`, `task_progress`) become visible in id order
 //! (the feed lock: see the crate doc and the schema), so a position is a
@@ -14,14 +16,20 @@ use std::time::Duration;
 
 use async_trait::async_trait;
 use sqlx::postgres::{PgListener, PgPool, PgPoolOptions};
-use taskbroker_storage::{ChangeFeed, ProgressEvent, StoreError, TaskEvent, TaskStore};
+use taskbroker_storage::{
+    ChangeFeed, FeedInterest, ProgressEvent, StoreError, TaskEvent, TaskStore,
+};
 use tokio::sync::Notify;
 use tokio_util::sync::CancellationToken;
 
 use crate::PostgresStore;
 
-/// The channel the schema's triggers notify.
-const CHANNEL: &str = "taskbroker_changes";
+/// Statuses, progress, input requests.
+const CHANGES: &str = "taskbroker_changes";
+/// A job became claimable.
+const QUEUED: &str = "taskbroker_queued";
+/// A task was cancelled or answered.
+const CONTROL: &str = "taskbroker_control";
 
 /// How long the listener waits before connecting again after an error.
 const RECONNECT_DELAY: Duration = Duration::from_secs(1);
@@ -30,16 +38,27 @@ const RECONNECT_DELAY: Duration = Duration::from_secs(1);
 pub(crate) struct PgFeed {
     store: PostgresStore,
     remote: Arc<Notify>,
+    queued: Arc<Notify>,
     /// Notifications heard (and reconnections, which may have missed some).
     version: Arc<AtomicI64>,
     last_progress: i64,
     last_event: i64,
 }
 
+/// Where the listener sends what it hears.
+struct Signals {
+    /// The channel of the feed's interest.
+    followed: &'static str,
+    remote: Arc<Notify>,
+    queued: Arc<Notify>,
+    version: Arc<AtomicI64>,
+}
+
 impl PgFeed {
-    /// A feed at the head; listens until `shutdown`.
+    /// A feed at the head, following `interest`; listens until `shutdown`.
     pub(crate) async fn open(
         store: &PostgresStore,
+        interest: FeedInterest,
         shutdown: CancellationToken,
     ) -> Result<Self, StoreError> {
         // Its own connection, outside the store's pool (it is held for the
@@ -49,23 +68,30 @@ impl PgFeed {
             .max_lifetime(None)
             .idle_timeout(None)
             .connect_lazy_with((*store.pool.connect_options()).clone());
+        let signals = Signals {
+            followed: match interest {
+                FeedInterest::Everything => CHANGES,
+                FeedInterest::Control => CONTROL,
+            },
+            remote: Arc::new(Notify::new()),
+            queued: Arc::new(Notify::new()),
+            version: Arc::new(AtomicI64::new(0)),
+        };
         // LISTEN before reading the head: whatever commits after the head
         // was read is heard.
-        let listener = listen(&pool).await?;
-        let remote = Arc::new(Notify::new());
-        let version = Arc::new(AtomicI64::new(0));
-        tokio::spawn(run_listener(
-            pool,
-            listener,
-            remote.clone(),
-            version.clone(),
-            shutdown,
-        ));
+        let listener = listen(&pool, signals.followed).await?;
+        let (remote, queued, version) = (
+            signals.remote.clone(),
+            signals.queued.clone(),
+            signals.version.clone(),
+        );
+        tokio::spawn(run_listener(pool, listener, signals, shutdown));
         let last_event = store.task_events_head().await?;
         let last_progress = store.task_progress_head().await?;
         Ok(Self {
             store: store.clone(),
             remote,
+            queued,
             version,
             last_progress,
             last_event,
@@ -73,27 +99,35 @@ impl PgFeed {
     }
 }
 
-/// A listener on [`CHANNEL`].
-async fn listen(pool: &PgPool) -> Result<PgListener, sqlx::Error> {
+/// A listener on `followed` and [`QUEUED`].
+async fn listen(pool: &PgPool, followed: &str) -> Result<PgListener, sqlx::Error> {
     let mut listener = PgListener::connect_with(pool).await?;
-    listener.listen(CHANNEL).await?;
+    listener.listen_all([followed, QUEUED]).await?;
     Ok(listener)
 }
 
-/// Something may have committed: a new version, and wake the tailer.
-fn bump(remote: &Notify, version: &AtomicI64) {
-    version.fetch_add(1, Ordering::AcqRel);
-    remote.notify_one();
+impl Signals {
+    /// Something of the followed kind may have committed: a new version,
+    /// and wake the tailer.
+    fn bump(&self) {
+        self.version.fetch_add(1, Ordering::AcqRel);
+        self.remote.notify_one();
+    }
+
+    /// Notifications may have been missed: wake everyone.
+    fn all(&self) {
+        self.bump();
+        self.queued.notify_one();
+    }
 }
 
 /// Hear notifications until `shutdown`; reconnect after errors (and count
-/// a reconnection as a change, since notifications sent meanwhile are
-/// lost).
+/// a reconnection as a change of every kind, since notifications sent
+/// meanwhile are lost).
 async fn run_listener(
     pool: PgPool,
     mut listener: PgListener,
-    remote: Arc<Notify>,
-    version: Arc<AtomicI64>,
+    signals: Signals,
     shutdown: CancellationToken,
 ) {
     loop {
@@ -102,11 +136,12 @@ async fn run_listener(
             heard = listener.try_recv() => heard,
         };
         match heard {
-            Ok(Some(_)) => bump(&remote, &version),
+            Ok(Some(n)) if n.channel() == QUEUED => signals.queued.notify_one(),
+            Ok(Some(_)) => signals.bump(),
             // The connection was lost and made again (LISTEN included).
             Ok(None) => {
                 tracing::info!("change feed: listener reconnected");
-                bump(&remote, &version);
+                signals.all();
             }
             Err(e) => {
                 tracing::warn!(error = %e, "change feed: listener failed; connecting again");
@@ -119,7 +154,7 @@ async fn run_listener(
                         }
                         _ = tokio::time::sleep(RECONNECT_DELAY) => {}
                     }
-                    match listen(&pool).await {
+                    match listen(&pool, signals.followed).await {
                         Ok(listener) => break listener,
                         Err(e) => {
                             tracing::warn!(error = %e, "change feed: listener cannot connect; trying again");
@@ -127,7 +162,7 @@ async fn run_listener(
                     }
                 };
                 tracing::info!("change feed: listener connected again");
-                bump(&remote, &version);
+                signals.all();
             }
         }
     }
@@ -139,6 +174,10 @@ async fn run_listener(
 impl ChangeFeed for PgFeed {
     fn remote(&self) -> Arc<Notify> {
         self.remote.clone()
+    }
+
+    fn queued(&self) -> Arc<Notify> {
+        self.queued.clone()
     }
 
     async fn version(&mut self) -> Result<i64, StoreError> {

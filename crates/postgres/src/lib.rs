@@ -21,8 +21,8 @@
 //!   (class [`TOOL_LOCK_CLASS`]), so two claimers never both see the same
 //!   free room.
 //!
-//! Other processes learn of commits through `LISTEN taskbroker_changes`
-//! (`feed.rs`): the schema's triggers notify at commit.
+//! Other processes learn of commits through `LISTEN` (`feed.rs`): the
+//! schema's triggers notify at commit, one channel per kind of change.
 
 mod batch;
 mod feed;
@@ -45,7 +45,9 @@ use std::time::Duration;
 use async_trait::async_trait;
 use sqlx::postgres::{PgConnectOptions, PgPool, PgPoolOptions};
 use sqlx::{Connection, PgConnection};
-use taskbroker_storage::{ChangeFeed, Driver, Durability, Storage, StoreError, Write, Written};
+use taskbroker_storage::{
+    ChangeFeed, Driver, Durability, FeedInterest, Signal, Storage, StoreError, Write, Written,
+};
 use tokio_util::sync::CancellationToken;
 
 /// The advisory lock (`pg_advisory_xact_lock(bigint)`) that orders the
@@ -297,13 +299,16 @@ impl Storage for PostgresStore {
 
     async fn change_feed(
         &self,
+        interest: FeedInterest,
         shutdown: CancellationToken,
     ) -> Result<Box<dyn ChangeFeed>, StoreError> {
-        Ok(Box::new(feed::PgFeed::open(self, shutdown).await?))
+        Ok(Box::new(
+            feed::PgFeed::open(self, interest, shutdown).await?,
+        ))
     }
 
-    fn announce_commit(&self) {
-        // The schema's triggers notify every listener at commit.
+    fn announce(&self, _signal: Signal) {
+        // The schema's triggers notify the listeners of each kind at commit.
     }
 
     async fn close(&self) {

@@ -1,20 +1,20 @@
 //! The SQLite change feed: `PRAGMA data_version` on a dedicated read
-//! connection says whether anything committed; the wake file (`wake.rs`)
-//! says so at once when another process commits. SQLite has one writer,
-//! so feed ids are assigned and committed in order: a position is a plain
-//! id.
+//! connection says whether anything committed; the wake files (`wake.rs`)
+//! say so at once when another process commits a change of the feed's
+//! interest, or queues a job. SQLite has one writer, so feed ids are
+//! assigned and committed in order: a position is a plain id.
 
 use std::sync::Arc;
 
 use async_trait::async_trait;
 use sqlx::Sqlite;
 use sqlx::pool::PoolConnection;
-use taskbroker_storage::{ChangeFeed, ProgressEvent, StoreError, TaskEvent};
+use taskbroker_storage::{ChangeFeed, FeedInterest, ProgressEvent, Signal, StoreError, TaskEvent};
 use tokio::sync::Notify;
 use tokio_util::sync::CancellationToken;
 
 use crate::SqliteStore;
-use crate::wake::WakeFile;
+use crate::wake::Wakes;
 
 /// A change feed on one SQLite database.
 pub(crate) struct SqliteFeed {
@@ -22,29 +22,39 @@ pub(crate) struct SqliteFeed {
     /// Its own connection: `data_version` compares commits against it.
     conn: PoolConnection<Sqlite>,
     remote: Arc<Notify>,
+    queued: Arc<Notify>,
     last_progress: i64,
     last_event: i64,
 }
 
 impl SqliteFeed {
-    /// A feed at the head; watches the wake file until `shutdown`.
+    /// A feed at the head; watches the wake files of `interest` (and the
+    /// queue's) until `shutdown`.
     pub(crate) async fn open(
         store: &SqliteStore,
+        interest: FeedInterest,
         shutdown: CancellationToken,
     ) -> Result<Self, StoreError> {
         let conn = store.read.acquire().await?;
-        // Other processes' commits: at once through the wake file where it
-        // can be watched, else at the feed's next tick.
+        // Other processes' commits: at once through the wake files where
+        // they can be watched, else at the feed's next tick.
         let remote = Arc::new(Notify::new());
-        match WakeFile::open(store.path()) {
-            Ok(wake) => {
-                if let Err(e) = wake.watch(remote.clone(), shutdown) {
-                    tracing::info!(error = %e, "no wake file watch: other processes' commits are seen at the feed tick");
+        let queued = Arc::new(Notify::new());
+        match Wakes::open(store.path()) {
+            Ok(wakes) => {
+                let followed = match interest {
+                    FeedInterest::Everything => Signal::Changed,
+                    FeedInterest::Control => Signal::Control,
+                };
+                for (signal, notify) in [(followed, &remote), (Signal::Queued, &queued)] {
+                    if let Err(e) = wakes.file(signal).watch(notify.clone(), shutdown.clone()) {
+                        tracing::info!(error = %e, ?signal, "no wake file watch: other processes' commits are seen at the next tick");
+                    }
                 }
-                let _ = store.wake.set(wake);
+                let _ = store.wakes.set(wakes);
             }
             Err(e) => {
-                tracing::warn!(error = %e, "no wake file: other processes' commits are seen at the feed tick");
+                tracing::warn!(error = %e, "no wake files: other processes' commits are seen at the next tick");
             }
         }
         let last_event = taskbroker_storage::TaskStore::task_events_head(store).await?;
@@ -53,6 +63,7 @@ impl SqliteFeed {
             store: store.clone(),
             conn,
             remote,
+            queued,
             last_progress,
             last_event,
         })
@@ -63,6 +74,10 @@ impl SqliteFeed {
 impl ChangeFeed for SqliteFeed {
     fn remote(&self) -> Arc<Notify> {
         self.remote.clone()
+    }
+
+    fn queued(&self) -> Arc<Notify> {
+        self.queued.clone()
     }
 
     async fn version(&mut self) -> Result<i64, StoreError> {

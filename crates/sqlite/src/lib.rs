@@ -33,10 +33,12 @@ use sqlx::Connection;
 use sqlx::sqlite::{
     SqliteConnectOptions, SqliteJournalMode, SqlitePool, SqlitePoolOptions, SqliteSynchronous,
 };
-use taskbroker_storage::{ChangeFeed, Driver, Durability, Storage, StoreError, Write, Written};
+use taskbroker_storage::{
+    ChangeFeed, Driver, Durability, FeedInterest, Signal, Storage, StoreError, Write, Written,
+};
 use tokio_util::sync::CancellationToken;
 
-use wake::WakeFile;
+use wake::Wakes;
 
 /// Statement used to open every write transaction.
 const BEGIN_IMMEDIATE: &str = "BEGIN IMMEDIATE";
@@ -104,9 +106,9 @@ pub struct SqliteStore {
     read: SqlitePool,
     /// The database file, for logs and error messages.
     path: PathBuf,
-    /// `<db>-wake`, poked after each commit of this process (once a change
-    /// feed opened it).
-    wake: Arc<OnceLock<WakeFile>>,
+    /// The wake files, poked after commits of this process (once a change
+    /// feed opened them).
+    wakes: Arc<OnceLock<Wakes>>,
 }
 
 /// How long a connection waits for another process's write lock.
@@ -187,7 +189,7 @@ impl SqliteStore {
             write,
             read,
             path: path.to_owned(),
-            wake: Arc::new(OnceLock::new()),
+            wakes: Arc::new(OnceLock::new()),
         })
     }
 
@@ -224,14 +226,17 @@ impl Storage for SqliteStore {
 
     async fn change_feed(
         &self,
+        interest: FeedInterest,
         shutdown: CancellationToken,
     ) -> Result<Box<dyn ChangeFeed>, StoreError> {
-        Ok(Box::new(feed::SqliteFeed::open(self, shutdown).await?))
+        Ok(Box::new(
+            feed::SqliteFeed::open(self, interest, shutdown).await?,
+        ))
     }
 
-    fn announce_commit(&self) {
-        if let Some(wake) = self.wake.get() {
-            wake.poke();
+    fn announce(&self, signal: Signal) {
+        if let Some(wakes) = self.wakes.get() {
+            wakes.file(signal).poke();
         }
     }
 

@@ -1,20 +1,54 @@
-//! Wake-ups across processes. After each commit a process pokes the file
-//! `<db>-wake` beside the database (a one-byte write at offset 0: no fsync,
-//! the file never grows), and every process on the same database watches it
-//! with inotify, so its change-feed tailer reads the new rows at once
-//! instead of at its next tick. The poke comes after the commit, so what it
-//! announces is visible when the watcher looks.
+//! Wake-ups across processes. After a commit a process pokes a wake file
+//! beside the database (a one-byte write at offset 0: no fsync, the file
+//! never grows), and the processes that act on that kind of commit watch
+//! it with inotify, so they look at once instead of at their next tick.
+//! One file per kind of commit ([`Signal`]), so a commit wakes only the
+//! processes it concerns:
+//! - `<db>-wake`: statuses, progress, input requests (servers' feeds);
+//! - `<db>-queue`: a job became claimable (claimers);
+//! - `<db>-control`: a running task was cancelled or answered (worker
+//!   processes' feeds).
 //!
-//! Where inotify is missing (other systems) or the watch cannot be set, the
-//! tailer's tick alone finds other processes' commits, as it does for any
-//! writer that does not poke (a sqlite3 shell).
+//! The poke comes after the commit, so what it announces is visible when
+//! the watcher looks. Where inotify is missing (other systems) or the watch
+//! cannot be set, ticks find the commits, as they do for any writer that
+//! does not poke (a sqlite3 shell).
 
 use std::fs::{File, OpenOptions};
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
+use taskbroker_storage::Signal;
 use tokio::sync::Notify;
 use tokio_util::sync::CancellationToken;
+
+/// The wake files of one database, one per kind of commit.
+#[derive(Debug)]
+pub struct Wakes {
+    changed: WakeFile,
+    queued: WakeFile,
+    control: WakeFile,
+}
+
+impl Wakes {
+    /// Open (or create) the wake files of the database at `db`.
+    pub fn open(db: &Path) -> std::io::Result<Self> {
+        Ok(Self {
+            changed: WakeFile::open(db, "-wake")?,
+            queued: WakeFile::open(db, "-queue")?,
+            control: WakeFile::open(db, "-control")?,
+        })
+    }
+
+    /// The file of one kind of commit.
+    pub fn file(&self, signal: Signal) -> &WakeFile {
+        match signal {
+            Signal::Changed => &self.changed,
+            Signal::Queued => &self.queued,
+            Signal::Control => &self.control,
+        }
+    }
+}
 
 /// The wake file of one database.
 #[derive(Debug)]
@@ -24,10 +58,10 @@ pub struct WakeFile {
 }
 
 impl WakeFile {
-    /// Open (or create) the wake file of the database at `db`.
-    pub fn open(db: &Path) -> std::io::Result<Self> {
+    /// Open (or create) the wake file `<db><suffix>`.
+    fn open(db: &Path, suffix: &str) -> std::io::Result<Self> {
         let mut name = db.as_os_str().to_owned();
-        name.push("-wake");
+        name.push(suffix);
         let path = PathBuf::from(name);
         use std::os::unix::fs::OpenOptionsExt;
         // Never through a symlink (one planted at this name could point at
@@ -47,7 +81,7 @@ impl WakeFile {
         Ok(Self { file, path })
     }
 
-    /// Tell the other processes that this one just committed.
+    /// Tell the processes watching this file that this one just committed.
     pub fn poke(&self) {
         use std::os::unix::fs::FileExt;
         if let Err(e) = self.file.write_at(b"w", 0) {

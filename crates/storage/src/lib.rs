@@ -149,16 +149,46 @@ pub enum Written {
     Claimed(Vec<ClaimedJob>),
 }
 
+/// What a commit of one process may mean to the others: each kind wakes
+/// only the processes that act on it, so the work per task does not grow
+/// with the number of processes.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Signal {
+    /// Statuses, progress or input requests changed: change feeds that
+    /// follow every task (servers, for their waiting clients).
+    Changed,
+    /// A job became claimable (created and left queued, given back,
+    /// rescued): claimers.
+    Queued,
+    /// A running task was cancelled, or its client answered its request:
+    /// the process running it.
+    Control,
+}
+
+/// Which commits of other processes wake a change feed (its `remote`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum FeedInterest {
+    /// Every change: a server, whose clients wait on any task.
+    Everything,
+    /// Cancellations and answers only: a worker process, which follows
+    /// only the tasks it runs. Other changes are read when one of these
+    /// comes (or a lease heartbeat finds them).
+    Control,
+}
+
 /// Reads of what committed, in commit order, for the change feed of one
 /// process. Each feed keeps its own position; it starts at the head.
 #[async_trait]
 pub trait ChangeFeed: Send {
-    /// Notified when another process may have committed a change the feed
-    /// reads, or a job (statuses, progress, jobs, input requests; commits
-    /// that touch only sessions, tokens or workers need not wake anyone).
+    /// Notified when another process may have committed a change of the
+    /// feed's interest ([`FeedInterest`]; commits that touch only sessions,
+    /// tokens, workers or leases wake no one).
     fn remote(&self) -> Arc<Notify>;
-    /// A number that changes after such a commit (cheap; used to skip reads
-    /// when nothing happened). It may lag this process's own commits (on
+    /// Notified when any process may have made a job claimable
+    /// ([`Signal::Queued`]), whatever the feed's interest.
+    fn queued(&self) -> Arc<Notify>;
+    /// A number that changes after a commit of the feed's interest (cheap;
+    /// used to skip reads when nothing happened). It may lag this process's own commits (on
     /// PostgreSQL it moves when the notification arrives): a process kicks
     /// its feed after its own commits instead of waiting for it.
     async fn version(&mut self) -> Result<i64, StoreError>;
@@ -454,14 +484,16 @@ pub trait Storage:
         writes: &[Write],
         now: i64,
     ) -> Result<Vec<Result<Written, StoreError>>, StoreError>;
-    /// A change feed positioned at the head; `shutdown` ends its watchers.
+    /// A change feed positioned at the head, woken by the commits of
+    /// `interest`; `shutdown` ends its watchers.
     async fn change_feed(
         &self,
+        interest: FeedInterest,
         shutdown: CancellationToken,
     ) -> Result<Box<dyn ChangeFeed>, StoreError>;
-    /// Tell other processes that this one just committed (where the
-    /// database does not tell them itself).
-    fn announce_commit(&self);
+    /// Tell other processes that this one just committed a change of kind
+    /// `signal` (where the database does not tell them itself).
+    fn announce(&self, signal: Signal);
     /// Close the connections.
     async fn close(&self);
 }
