@@ -76,7 +76,8 @@ def psql(db: str, sql: str) -> None:
 class Case:
     """One broker setup on a fresh database; processes killed on close."""
 
-    def __init__(self, binary: str, driver: str, workers: int, brokers: int, work: str, env: dict | None = None):
+    def __init__(self, binary: str, driver: str, workers: int, brokers: int, work: str, env: dict | None = None,
+                 pg_via: str | None = None):
         self.binary, self.driver, self.work = binary, driver, work
         self.procs: list[tuple[str, subprocess.Popen]] = []
         self.env = dict(os.environ, **(env or {}))
@@ -84,7 +85,9 @@ class Case:
             self.dbname = f"tb_scale_{os.getpid()}"
             psql("postgres", f"DROP DATABASE IF EXISTS {self.dbname} WITH (FORCE)")
             psql("postgres", f"CREATE DATABASE {self.dbname}")
-            self.db = f"{PGURL}/{self.dbname}"
+            # The broker's processes may reach the server another way (a
+            # latency relay); the database is made and dropped directly.
+            self.db = f"{pg_via or PGURL}/{self.dbname}"
         else:
             self.dbname = None
             folder = tempfile.mkdtemp(dir=work)
@@ -159,8 +162,8 @@ def load(binary: str, urls: list[str], clients: int, tasks: int) -> dict:
     }
 
 
-def measure(binary: str, driver: str, workers: int, brokers: int, args, work: str) -> dict:
-    case = Case(binary, driver, workers, brokers, work)
+def measure(binary: str, driver: str, workers: int, brokers: int, args, work: str, pg_via: str | None = None) -> dict:
+    case = Case(binary, driver, workers, brokers, work, pg_via=pg_via)
     try:
         before, pg_before = case.cpu(), postgres_cpu() if driver == "postgres" else {}
         got = load(binary, case.urls, args.clients, args.tasks)
@@ -180,21 +183,29 @@ def measure(binary: str, driver: str, workers: int, brokers: int, args, work: st
     )
 
 
-def count_statements(binary: str, driver: str, workers: int, args, work: str) -> float:
-    """Statements per task from the sqlx query log of every process."""
-    case = Case(binary, driver, workers, 1, work, env={"RUST_LOG": "warn,sqlx::query=debug"})
+def count_statements(binary: str, driver: str, workers: int, args, work: str, brokers: int = 1,
+                     pg_via: str | None = None) -> dict[str, float]:
+    """Statements per task from the sqlx query log of every process: in
+    the brokers (a task's creation and its tasks/result) and in the
+    workers (claim, run, completion). On PostgreSQL each is one round
+    trip."""
+    case = Case(binary, driver, workers, brokers, work, env={"RUST_LOG": "warn,sqlx::query=debug"}, pg_via=pg_via)
     try:
         marks = {name: os.path.getsize(case.log(name)) for name, _ in case.procs}
         got = load(binary, case.urls, args.clients, args.count_tasks)
         time.sleep(0.3)
-        statements = 0
+        counted = {"broker": 0, "worker": 0}
         for name, _ in case.procs:
             with open(case.log(name), errors="replace") as f:
                 f.seek(marks[name])
-                statements += sum(1 for line in f if "sqlx::query" in line)
+                counted["broker" if name.startswith("broker") else "worker"] += sum(
+                    1 for line in f if "sqlx::query" in line
+                )
     finally:
         case.close()
-    return statements / max(got["tasks"], 1)
+    n = max(got["tasks"], 1)
+    return {"broker": counted["broker"] / n, "worker": counted["worker"] / n,
+            "total": (counted["broker"] + counted["worker"]) / n}
 
 
 def main() -> int:
@@ -233,7 +244,7 @@ def main() -> int:
                 if b != 1:
                     continue
                 for label, binary in bins:
-                    counts[(label, driver, n)] = count_statements(binary, driver, n, args, work)
+                    counts[(label, driver, n)] = count_statements(binary, driver, n, args, work)["total"]
                     print(json.dumps({"count": label, "driver": driver, "workers": n,
                                       "statements_per_task": counts[(label, driver, n)]}), flush=True)
     finally:

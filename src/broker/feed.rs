@@ -11,7 +11,8 @@
 //! A server's feed follows every change (its clients wait on any task). A
 //! worker process's feed follows only cancellations and answers (what its
 //! running jobs wait on): other processes' creations and completions do not
-//! wake it, and it catches up on a slow tick, so adding worker processes
+//! wake it, it catches up on a slow tick, and it reads only the cancels and
+//! answers (not every task's changes and progress), so adding worker processes
 //! does not add work to every task. Claimers are woken apart, only when a
 //! job became claimable ([`Feed::queued`]).
 
@@ -187,7 +188,7 @@ impl Feed {
         let mut version = changes.version().await?;
         let _ = self.store.set(store);
         let _ = self.interest.set(interest);
-        let catch_up = interest == FeedInterest::Control;
+        let control_only = interest == FeedInterest::Control;
         // Claim signals: counted for the pool.
         let queued = changes.queued();
         let counter = self.queued.clone();
@@ -207,7 +208,7 @@ impl Feed {
             // new was committed (waiters do not poll).
             let mut behind = false;
             loop {
-                let wait = if catch_up {
+                let wait = if control_only {
                     tick
                 } else {
                     tick * (1 + idle / 10)
@@ -216,7 +217,7 @@ impl Feed {
                     _ = shutdown.cancelled() => return,
                     _ = feed.kick.notified() => true,
                     _ = remote.notified() => false,
-                    _ = tokio::time::sleep(wait) => catch_up,
+                    _ = tokio::time::sleep(wait) => control_only,
                 };
                 match changes.version().await {
                     Ok(v) if v == version && !kicked && !behind => {
@@ -235,27 +236,36 @@ impl Feed {
                 }
                 behind = false;
                 // Progress first: what a task reported before it ended is
-                // delivered before its end.
-                loop {
-                    match changes.next_progress(BATCH).await {
-                        Ok(rows) => {
-                            let n = rows.len();
-                            for row in rows {
-                                feed.publish(FeedEvent::Progress(row));
+                // delivered before its end. A control feed reads no
+                // progress, and of the status changes only the cancels and
+                // answers its running jobs wait on.
+                if !control_only {
+                    loop {
+                        match changes.next_progress(BATCH).await {
+                            Ok(rows) => {
+                                let n = rows.len();
+                                for row in rows {
+                                    feed.publish(FeedEvent::Progress(row));
+                                }
+                                if (n as i64) < BATCH {
+                                    break;
+                                }
                             }
-                            if (n as i64) < BATCH {
+                            Err(e) => {
+                                tracing::warn!(error = %e, "change feed: progress read failed");
+                                behind = true;
                                 break;
                             }
-                        }
-                        Err(e) => {
-                            tracing::warn!(error = %e, "change feed: progress read failed");
-                            behind = true;
-                            break;
                         }
                     }
                 }
                 loop {
-                    match changes.next_events(BATCH).await {
+                    let read = if control_only {
+                        changes.next_control_events(BATCH).await
+                    } else {
+                        changes.next_events(BATCH).await
+                    };
+                    match read {
                         Ok(rows) => {
                             let n = rows.len();
                             for row in rows {

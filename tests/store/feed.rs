@@ -280,12 +280,13 @@ async fn fires(notify: &tokio::sync::Notify, wait: Duration) -> bool {
 
 /// A worker process's feed (interest Control) is woken by another
 /// process's cancellations and answers, not by its creations, claims,
-/// progress or completions; its claim signal (`queued`) fires when a job
-/// is queued, and not when one is claimed or completed. (What keeps the
-/// work per task flat as worker processes are added.)
+/// progress or completions, and reads only those; its claim signal
+/// (`queued`) fires when a job is queued, and not when one is claimed or
+/// completed. (What keeps the work per task flat as worker processes are
+/// added.)
 async fn a_control_feed_wakes_for_cancels_and_answers_only(db: TestDb) {
     let shutdown = CancellationToken::new();
-    let feed = db
+    let mut feed = db
         .store
         .change_feed(FeedInterest::Control, shutdown.clone())
         .await
@@ -351,9 +352,65 @@ async fn a_control_feed_wakes_for_cancels_and_answers_only(db: TestDb) {
         fires(&remote, long).await,
         "a cancellation wakes a control feed"
     );
+    // It reads the cancellation only: not the creations, nor t-q's end.
+    let read: Vec<(String, TaskStatus)> = feed
+        .next_control_events(10)
+        .await
+        .unwrap()
+        .into_iter()
+        .map(|e| (e.task_id, e.to_status))
+        .collect();
+    assert_eq!(read, vec![("t-c".to_owned(), TaskStatus::Cancelled)]);
+    assert!(feed.next_control_events(10).await.unwrap().is_empty());
 
     shutdown.cancel();
     drop(other_feed);
     other.close().await;
 }
 store_test!(a_control_feed_wakes_for_cancels_and_answers_only);
+
+/// `next_control_events` passes over everything but cancellations and
+/// answers, in order, a batch at a time, and then stands at the head.
+async fn control_events_are_the_cancels_and_answers_in_order(db: TestDb) {
+    let mut feed = db
+        .store
+        .change_feed(FeedInterest::Control, CancellationToken::new())
+        .await
+        .unwrap();
+    for i in 0..5 {
+        db.store
+            .task_create(&new_task(&format!("t-{i}"), "alice"), Some(JOB), None, T0)
+            .await
+            .unwrap();
+    }
+    for i in [1, 3, 4] {
+        db.store
+            .task_cancel(&format!("t-{i}"), "alice", "stop", T0 + 1)
+            .await
+            .unwrap();
+    }
+    let first: Vec<String> = feed
+        .next_control_events(2)
+        .await
+        .unwrap()
+        .into_iter()
+        .map(|e| e.task_id)
+        .collect();
+    assert_eq!(first, ["t-1", "t-3"]);
+    let rest: Vec<String> = feed
+        .next_control_events(2)
+        .await
+        .unwrap()
+        .into_iter()
+        .map(|e| e.task_id)
+        .collect();
+    assert_eq!(rest, ["t-4"]);
+    assert!(feed.next_control_events(2).await.unwrap().is_empty());
+    // Later creations are passed over too.
+    db.store
+        .task_create(&new_task("t-5", "alice"), Some(JOB), None, T0 + 2)
+        .await
+        .unwrap();
+    assert!(feed.next_control_events(2).await.unwrap().is_empty());
+}
+store_test!(control_events_are_the_cancels_and_answers_in_order);

@@ -195,6 +195,19 @@ impl ChangeFeed for PgFeed {
         Ok(rows)
     }
 
+    async fn next_control_events(&mut self, limit: i64) -> Result<Vec<TaskEvent>, StoreError> {
+        let head = self.store.task_events_head().await?;
+        let rows = self
+            .store
+            .task_control_events_since(self.last_event, head, limit)
+            .await?;
+        self.last_event = match rows.last() {
+            Some(last) if rows.len() as i64 == limit => last.id,
+            _ => head.max(self.last_event),
+        };
+        Ok(rows)
+    }
+
     async fn next_events(&mut self, limit: i64) -> Result<Vec<TaskEvent>, StoreError> {
         let rows = self.store.task_events_since(self.last_event, limit).await?;
         if let Some(last) = rows.last() {

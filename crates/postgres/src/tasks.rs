@@ -293,6 +293,33 @@ impl PostgresStore {
         .await?;
         text::rows(rows)
     }
+
+    /// The cancellations and answers (a change to `cancelled`, or from
+    /// `input_required` back to `working`) among the change-feed rows after
+    /// `after_id` up to `upto`, oldest first.
+    pub(crate) async fn task_control_events_since(
+        &self,
+        after_id: i64,
+        upto: i64,
+        limit: i64,
+    ) -> Result<Vec<TaskEvent>, StoreError> {
+        let rows = sqlx::query_as!(
+            TaskEventText,
+            r#"SELECT e.id, e.task_id, e.from_status, e.to_status, t.owner, e.message, e.at,
+                      t.created_at, t.ttl_ms, t.poll_interval_ms, t.tool_error
+                 FROM task_events e JOIN tasks t ON t.seq = e.task_seq
+                WHERE e.id > $1 AND e.id <= $2
+                  AND (e.to_status = 'cancelled'
+                       OR (e.to_status = 'working' AND e.from_status = 'input_required'))
+                ORDER BY e.id LIMIT $3"#,
+            after_id,
+            upto,
+            limit
+        )
+        .fetch_all(&self.pool)
+        .await?;
+        text::rows(rows)
+    }
 }
 
 /// A task as served (`tasks_as_served`).

@@ -287,6 +287,47 @@ impl SqliteStore {
         .await?;
         text::rows(rows)
     }
+
+    /// The cancellations and answers (a change to `cancelled`, or from
+    /// `input_required` back to `working`) among the change-feed rows after
+    /// `after_id` up to `upto`, oldest first.
+    pub(crate) async fn task_control_events_since(
+        &self,
+        conn: &mut sqlx::SqliteConnection,
+        after_id: i64,
+        upto: i64,
+        limit: i64,
+    ) -> Result<Vec<TaskEvent>, StoreError> {
+        let rows = sqlx::query_as!(
+            TaskEventText,
+            r#"SELECT e.id AS "id!", e.task_id, e.from_status, e.to_status, t.owner, e.message, e.at,
+                      t.created_at, t.ttl_ms, t.poll_interval_ms, t.tool_error AS "tool_error!: bool"
+                 FROM task_events e JOIN tasks t ON t.seq = e.task_seq
+                WHERE e.id > ? AND e.id <= ?
+                  AND (e.to_status = 'cancelled'
+                       OR (e.to_status = 'working' AND e.from_status = 'input_required'))
+                ORDER BY e.id LIMIT ?"#,
+            after_id,
+            upto,
+            limit
+        )
+        .fetch_all(conn)
+        .await?;
+        text::rows(rows)
+    }
+
+    /// The newest change-feed position, read on `conn`.
+    pub(crate) async fn task_events_head_on(
+        &self,
+        conn: &mut sqlx::SqliteConnection,
+    ) -> Result<i64, StoreError> {
+        let head = sqlx::query_scalar!(
+            r#"SELECT COALESCE(MAX(id), 0) AS "head!: i64" FROM task_events AS feed_head"#
+        )
+        .fetch_one(conn)
+        .await?;
+        Ok(head)
+    }
 }
 
 pub(super) async fn task_by_seq(

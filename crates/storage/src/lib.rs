@@ -196,6 +196,12 @@ pub trait ChangeFeed: Send {
     async fn next_progress(&mut self, limit: i64) -> Result<Vec<ProgressEvent>, StoreError>;
     /// Status changes committed since the last call, oldest first.
     async fn next_events(&mut self, limit: i64) -> Result<Vec<TaskEvent>, StoreError>;
+    /// Only the cancellations and answers (a change to `cancelled`, or from
+    /// `input_required` back to `working`) committed since the last call,
+    /// oldest first; the other changes are passed over unread. What a
+    /// worker process's feed reads: the rows it reads do not grow with the
+    /// tasks others run.
+    async fn next_control_events(&mut self, limit: i64) -> Result<Vec<TaskEvent>, StoreError>;
 }
 
 /// Tasks and their status history (creations are writes of the group
