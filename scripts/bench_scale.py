@@ -227,6 +227,7 @@ def main() -> int:
     ns = [int(x) for x in args.workers.split(",")]
     bs = [int(x) for x in args.brokers.split(",")] if args.brokers else []
     cases = [(d, n, 1) for d in drivers for n in ns] + [("postgres", 2, b) for b in bs if "postgres" in drivers]
+    cases = list(dict.fromkeys(cases))
     work = tempfile.mkdtemp(prefix="tb-scale-")
     rows = []
     try:
