@@ -160,6 +160,12 @@ impl Feed {
         self.announce(Signal::Queued);
     }
 
+    /// Tell the claimers of every process that a slot of a tool limited
+    /// across processes came back here.
+    pub fn announce_slot_freed(&self) {
+        self.announce(Signal::SlotFreed);
+    }
+
     fn announce(&self, signal: Signal) {
         if let Some(store) = self.store.get() {
             store.announce(signal);

@@ -178,7 +178,10 @@ impl Writer {
                 for task_id in &finished {
                     feed.written(task_id);
                 }
-                feed.kick();
+                // Claims alone change no status: nobody's feed need look.
+                if writes.iter().any(|w| !matches!(w, Write::Claim { .. })) {
+                    feed.kick();
+                }
                 metrics.writer_idle();
             }
         });

@@ -102,6 +102,7 @@ impl WorkerPool {
                                 asks.push((request_id, reply));
                                 // Waiting for a person holds nothing.
                                 slot = None;
+                                self.announce_if_limited_globally(&job);
                             }
                             Err(e) => {
                                 let _ = reply.send(Err(e));
@@ -160,7 +161,10 @@ impl WorkerPool {
                 .job_finish_cancelled(job.task_seq, &job.lease_token, now_ms())
                 .await
             {
-                Ok(()) => tracing::info!(task_id = %job.task_id, "job stopped: task cancelled"),
+                Ok(()) => {
+                    self.announce_if_limited_globally(&job);
+                    tracing::info!(task_id = %job.task_id, "job stopped: task cancelled");
+                }
                 Err(e) => {
                     tracing::warn!(task_id = %job.task_id, error = %e, "closing cancelled job failed")
                 }
@@ -182,6 +186,21 @@ impl WorkerPool {
         }
         progress.flush(self, &job).await;
         self.record(&job, &outcome, started).await;
+        self.announce_if_limited_globally(&job);
+    }
+
+    /// The job no longer counts against its tool's limit across processes
+    /// (it ended, or waits for its client): if the tool has one, tell the
+    /// claimers of every process, which no row change wakes.
+    fn announce_if_limited_globally(&self, job: &ClaimedJob) {
+        let limited = self
+            .tools
+            .current()
+            .get(&job.tool)
+            .is_some_and(|tool| tool.definition().global_concurrency.is_some());
+        if limited {
+            self.feed.announce_slot_freed();
+        }
     }
 
     /// Run the tool in its own task so a panic becomes a failed task, and

@@ -363,6 +363,55 @@ async fn a_control_feed_wakes_for_cancels_and_answers_only(db: TestDb) {
     assert_eq!(read, vec![("t-c".to_owned(), TaskStatus::Cancelled)]);
     assert!(feed.next_control_events(10).await.unwrap().is_empty());
 
+    // A question is no control change; its answer is (the task goes back
+    // to working), and it is read.
+    let asking = other
+        .task_create(&new_task("t-a", "alice"), Some(JOB), None, T0 + 7)
+        .await
+        .unwrap();
+    claim_one(&other, "w1", "lease-a", T0 + 8).await;
+    let question = TaskMessage {
+        request_id: "r-a".to_owned(),
+        task_id: "t-a".to_owned(),
+        method: "elicitation/create".to_owned(),
+        params: r#"{"message":"go?"}"#.to_owned(),
+        response: None,
+    };
+    other
+        .task_message_ask(asking.seq, "lease-a", &question, T0 + 9)
+        .await
+        .unwrap();
+    other.announce(Signal::Changed);
+    assert!(
+        !fires(&remote, quiet).await,
+        "a question does not wake a control feed"
+    );
+    assert_eq!(
+        other
+            .task_message_answer("r-a", "alice", r#"{"action":"accept"}"#, T0 + 10)
+            .await
+            .unwrap(),
+        AnswerOutcome::Stored
+    );
+    other.announce(Signal::Changed);
+    other.announce(Signal::Control);
+    assert!(fires(&remote, long).await, "an answer wakes a control feed");
+    let read: Vec<(String, Option<TaskStatus>, TaskStatus)> = feed
+        .next_control_events(10)
+        .await
+        .unwrap()
+        .into_iter()
+        .map(|e| (e.task_id, e.from_status, e.to_status))
+        .collect();
+    assert_eq!(
+        read,
+        vec![(
+            "t-a".to_owned(),
+            Some(TaskStatus::InputRequired),
+            TaskStatus::Working
+        )]
+    );
+
     shutdown.cancel();
     drop(other_feed);
     other.close().await;

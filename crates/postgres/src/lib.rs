@@ -307,8 +307,21 @@ impl Storage for PostgresStore {
         ))
     }
 
-    fn announce(&self, _signal: Signal) {
-        // The schema's triggers notify the listeners of each kind at commit.
+    fn announce(&self, signal: Signal) {
+        // The schema's triggers notify the listeners of each kind at commit;
+        // a freed slot is in no row, so it is told here.
+        if signal == Signal::SlotFreed {
+            let pool = self.pool.clone();
+            tokio::spawn(async move {
+                if let Err(e) =
+                    sqlx::query!("SELECT pg_notify('taskbroker_queued', '') AS slot_freed")
+                        .execute(&pool)
+                        .await
+                {
+                    tracing::debug!(error = %e, "freed slot not announced; claimers look within a second");
+                }
+            });
+        }
     }
 
     async fn close(&self) {

@@ -163,6 +163,10 @@ pub enum Signal {
     /// A running task was cancelled, or its client answered its request:
     /// the process running it.
     Control,
+    /// A slot of a tool limited across processes came back (its job ended,
+    /// or waits for its client): claimers may take another job of it. No
+    /// row says so, so the process says it (on every driver).
+    SlotFreed,
 }
 
 /// Which commits of other processes wake a change feed (its `remote`).
