@@ -27,7 +27,7 @@ import sys
 import tempfile
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from bench_scale import measure, count_statements  # noqa: E402
+from bench_scale import count_statements, measure, write_block  # noqa: E402
 
 SHAPES = [(1, 1), (1, 4), (3, 1), (3, 4)]
 
@@ -76,14 +76,7 @@ def main() -> int:
     table = report(rows, counts, args)
     print(table)
     if args.out:
-        text = open(args.out).read()
-        block = "<!-- netdelay:start -->\n" + table + "\n<!-- netdelay:end -->"
-        if "<!-- netdelay:start -->" in text:
-            head, rest = text.split("<!-- netdelay:start -->", 1)
-            text = head + block + rest.split("<!-- netdelay:end -->", 1)[1]
-        else:
-            text = text.rstrip("\n") + "\n\n## PostgreSQL across a network round trip (issue 26)\n\n" + block + "\n"
-        open(args.out, "w").write(text)
+        write_block(args.out, "netdelay", "PostgreSQL across a network round trip (issue 26)", table)
     return 0 if all(r["errors"] == 0 for r in rows) else 1
 
 

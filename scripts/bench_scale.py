@@ -253,15 +253,22 @@ def main() -> int:
     table = report(rows, counts, bins, cases, args)
     print(table)
     if args.out:
-        text = open(args.out).read()
-        block = "<!-- scale:start -->\n" + table + "\n<!-- scale:end -->"
-        if "<!-- scale:start -->" in text:
-            head, rest = text.split("<!-- scale:start -->", 1)
-            text = head + block + rest.split("<!-- scale:end -->", 1)[1]
-        else:
-            text = text.rstrip("\n") + "\n\n## Work per task as processes are added (issue 26)\n\n" + block + "\n"
-        open(args.out, "w").write(text)
+        write_block(args.out, "scale", "Work per task as processes are added (issue 26)", table)
     return 0 if all(r["errors"] == 0 for r in rows) else 1
+
+
+def write_block(out: str, marker: str, title: str, table: str) -> None:
+    """Put `table` between the `<marker>:start` and `<marker>:end` comments of
+    `out`, or, the first time, at its end under a heading `title`."""
+    text = open(out).read()
+    start, end = f"<!-- {marker}:start -->", f"<!-- {marker}:end -->"
+    block = f"{start}\n{table}\n{end}"
+    if start in text:
+        head, rest = text.split(start, 1)
+        text = head + block + rest.split(end, 1)[1]
+    else:
+        text = text.rstrip("\n") + f"\n\n## {title}\n\n{block}\n"
+    open(out, "w").write(text)
 
 
 def report(rows, counts, bins, cases, args) -> str:
