@@ -1558,3 +1558,78 @@ async fn issue25_a_2026_client_calls_an_upstream_plain_as_a_task_and_answers_it(
     );
 }
 both_drivers!(issue25_a_2026_client_calls_an_upstream_plain_as_a_task_and_answers_it);
+
+/// Issue 25 item 6 for 2026-07-28 clients: a `subscriptions/listen`
+/// stream that asks for `toolsListChanged` is acknowledged with it (the
+/// broker serves an upstream, so its tools can change) and hears
+/// `notifications/tools/list_changed`, tagged with the subscription id,
+/// when an upstream that was down at start comes up and adds its tools.
+/// Without upstreams the acknowledgement leaves it out (nothing changes).
+#[tokio::test]
+async fn issue25_a_listen_stream_hears_the_tools_of_an_upstream_arrive() {
+    let Some(script) = common::server_everything() else {
+        return;
+    };
+    let dir = tempfile::tempdir().unwrap();
+    let gate = dir.path().join("up");
+    // The upstream's program fails until the file `up` exists.
+    let config = format!(
+        "[[upstream]]\nname = \"late\"\nprefix = \"late_\"\ninclude = [\"get-sum\"]\n\
+         command = [\"sh\", \"-c\", \"test -e '{}' || exit 4; exec node '{}' stdio\"]\n",
+        gate.display(),
+        script.display()
+    );
+    let server = Server::start_with_config(&config, &[]);
+    let mut m = Modern::new(&server.url, json!({}));
+    let mut call = m.call(
+        "subscriptions/listen",
+        json!({ "notifications": { "toolsListChanged": true, "promptsListChanged": true } }),
+    );
+    call.body["id"] = json!("tools-1");
+    let response = m.open(call).await;
+    assert_eq!(response.status().as_u16(), 200);
+    let mut sse = SseReader::new(response);
+    let (_, ack) = sse.next_message().await.expect("the acknowledgement");
+    assert_eq!(
+        ack["params"]["notifications"],
+        json!({ "toolsListChanged": true }),
+        "only what is honoured: {ack}"
+    );
+
+    std::fs::write(&gate, "").unwrap();
+    let (_, note) = tokio::time::timeout(Duration::from_secs(30), sse.next_message())
+        .await
+        .unwrap_or_else(|_| panic!("no list_changed: {}", server.log()))
+        .expect("the stream stays open");
+    assert_eq!(note["method"], "notifications/tools/list_changed", "{note}");
+    assert!(note.get("id").is_none(), "a notification: {note}");
+    assert_eq!(note["params"]["_meta"][META_SUBSCRIPTION], "tools-1");
+    let listed = m.ok("tools/list", json!({})).await;
+    assert!(
+        listed["tools"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .any(|t| t["name"] == "late_get-sum"),
+        "{listed}"
+    );
+
+    // A broker without upstreams: its tools never change, so not honoured.
+    let plain = Server::start(&[]);
+    let mut m = Modern::new(&plain.url, json!({}));
+    let call = m.call(
+        "subscriptions/listen",
+        json!({ "notifications": { "toolsListChanged": true } }),
+    );
+    let mut sse = SseReader::new(m.open(call).await);
+    let (_, ack) = sse.next_message().await.expect("the acknowledgement");
+    assert_eq!(ack["params"]["notifications"], json!({}), "{ack}");
+    // A filter that is not a boolean is refused.
+    let reply = m
+        .request(
+            "subscriptions/listen",
+            json!({ "notifications": { "toolsListChanged": "yes" } }),
+        )
+        .await;
+    reply.error(200, -32602);
+}

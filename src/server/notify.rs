@@ -6,14 +6,16 @@
 //! reconnects with `Last-Event-ID` gets the changes of its tasks after that
 //! position, read from the database (so a restart loses none), then the
 //! rest live. `notifications/tools/list_changed` goes to every GET stream
-//! when the tools served change (upstream servers).
+//! when the tools served change (upstream servers), and to every 2026
+//! `subscriptions/listen` stream that asked for it
+//! ([`SessionStreams::tools_served`]).
 
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::{Duration, Instant};
 
 use serde_json::{Value, json};
-use tokio::sync::{broadcast, mpsc};
+use tokio::sync::{broadcast, mpsc, watch};
 use tokio_util::sync::CancellationToken;
 
 use super::dispatch::task_json;
@@ -39,6 +41,8 @@ pub struct SessionStreams {
     /// feed has not brought them yet (the stream looked at the row as soon
     /// as this process wrote it): (task, status) -> when.
     delivered: Mutex<Delivered>,
+    /// Counts the changes of the tools served that clients can see.
+    tools_served: watch::Sender<u64>,
 }
 
 /// Status changes already delivered, and when they were last swept.
@@ -175,6 +179,13 @@ impl SessionStreams {
             .is_some_and(|v| v.iter().any(|tx| !tx.is_closed()))
     }
 
+    /// Changes (a count) each time the tools served change in a way
+    /// clients can see: `subscriptions/listen` streams that asked for
+    /// `toolsListChanged` wait on it.
+    pub fn tools_served(&self) -> watch::Receiver<u64> {
+        self.tools_served.subscribe()
+    }
+
     /// Send to every open GET stream, whoever owns it, forgetting closed
     /// ones (a message with no feed position: [`UNPOSITIONED`]).
     fn broadcast(&self, message: &Value) {
@@ -249,7 +260,8 @@ pub fn spawn_status_notifier(
     })
 }
 
-/// Tell every open GET stream `notifications/tools/list_changed` when the
+/// Tell every open GET stream (and listen stream that asked)
+/// `notifications/tools/list_changed` when the
 /// tools served change (an upstream server started, stopped serving one,
 /// or said its list changed), until `shutdown`. Only a change clients can
 /// see counts: the same list served again says nothing.
@@ -284,6 +296,7 @@ pub fn spawn_tools_notifier(
                     "notifications/tools/list_changed",
                     json!({}),
                 ));
+                streams.tools_served.send_modify(|count| *count += 1);
             }
         }
     })

@@ -4,9 +4,14 @@
 //! broker honours `taskIds` (the tasks extension): the current state of
 //! each of those tasks, then `notifications/tasks` with the full
 //! DetailedTask whenever one changes. Every notification carries the
-//! subscription id (the listen request's id) in `_meta`. List-changed
-//! subscriptions are not honoured: the tools change only with upstream
-//! servers, and 2025-11-25 sessions are told on their GET stream.
+//! subscription id (the listen request's id) in `_meta`.
+//!
+//! `toolsListChanged` is honoured when the broker serves upstream servers'
+//! tools (the only tools that change while it runs): each change clients
+//! can see is `notifications/tools/list_changed` on the stream, as on a
+//! 2025-11-25 session's GET stream. Other list-changed kinds are not
+//! honoured (the broker serves no prompts or resources), so the
+//! acknowledgement leaves them out.
 
 use std::convert::Infallible;
 
@@ -58,6 +63,18 @@ pub async fn listen(
             )));
         }
     };
+    let tools_list_changed = match wanted.get("toolsListChanged") {
+        None | Some(Value::Null) => false,
+        Some(Value::Bool(b)) => *b,
+        Some(_) => {
+            return Err(Refusal::rpc(RpcError::invalid_params(
+                "Invalid params: notifications.toolsListChanged must be true or false",
+            )));
+        }
+    };
+    // Told only when tools can change: upstream servers are served.
+    let mut tools_served = (tools_list_changed && !state.broker.catalog().groups().is_empty())
+        .then(|| state.session_streams.tools_served());
     if !task_ids.is_empty() && !request.envelope.declares_tasks() {
         return Err(calls::tasks_not_declared("notifications.taskIds"));
     }
@@ -114,6 +131,9 @@ pub async fn listen(
     if !followed.is_empty() {
         honoured.insert("taskIds".into(), json!(followed));
     }
+    if tools_served.is_some() {
+        honoured.insert("toolsListChanged".into(), json!(true));
+    }
     let ack = mcp::notification(
         "notifications/subscriptions/acknowledged",
         json!({
@@ -151,6 +171,17 @@ pub async fn listen(
                     }
                     None => open = false,
                 },
+                Some(Ok(())) = async {
+                    match tools_served.as_mut() {
+                        Some(served) => Some(served.changed().await),
+                        None => std::future::pending().await,
+                    }
+                } => {
+                    yield Ok(event(&mcp::notification(
+                        "notifications/tools/list_changed",
+                        json!({ "_meta": { modern::META_SUBSCRIPTION_ID: subscription } }),
+                    )));
+                }
                 _ = tokio::time::sleep(keep_alive) => yield Ok(Bytes::from_static(KEEP_ALIVE)),
             }
         }
