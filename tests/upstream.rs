@@ -817,7 +817,7 @@ async fn a_protocol_version_this_client_does_not_speak_is_refused_at_start() {
     assert!(matches!(error, StartError::Version { .. }), "{error:?}");
     let message = error.to_string();
     assert!(
-        message.contains("upstream 'scripted' speaks MCP \"2099-01-01\"")
+        message.contains("upstream 'scripted' speaks MCP 2099-01-01")
             && message.contains("2025-11-25"),
         "{message}"
     );
@@ -866,4 +866,60 @@ async fn a_question_the_server_withdraws_is_withdrawn_from_the_handler_and_never
         !written.iter().any(|m| m["id"] == 9),
         "the withdrawn question was answered: {written:?}"
     );
+}
+
+/// Issue 25 item 5 over HTTP: a task created in the server session of an
+/// earlier connection (a broker restarted since) is followed from a new
+/// connection in that session, and the question the server asks about it
+/// on that stream is answered in that session too, not in the new
+/// connection's: the task then completes with the answer.
+#[tokio::test]
+async fn a_question_of_an_earlier_sessions_task_is_answered_in_that_session() {
+    let Some(script) = server_everything() else {
+        return;
+    };
+    let upstream = common::EverythingHttp::start(&script);
+    let spec = taskbroker::upstream::HttpSpec {
+        name: "web".to_owned(),
+        url: upstream.url.parse().unwrap(),
+        headers: BTreeMap::new(),
+        bearer_token: None,
+        protocol: taskbroker::upstream::HttpProtocol::Handshake,
+    };
+    let first = Session::start_http(&spec, SessionOptions::default())
+        .await
+        .unwrap();
+    let created = first
+        .call_tool_as_task(
+            "simulate-research-query",
+            json!({ "topic": "python", "ambiguous": true }),
+            60_000,
+        )
+        .await
+        .unwrap();
+    let task_id = created["task"]["taskId"].as_str().unwrap().to_owned();
+    task_until(&first, &task_id, &["input_required"]).await;
+    let created_in = first.upstream_session_id().unwrap();
+    drop(first);
+
+    let second = Session::start_http(&spec, SessionOptions::default())
+        .await
+        .unwrap();
+    assert_ne!(second.upstream_session_id().as_deref(), Some(&*created_in));
+    let answer = json!({ "action": "accept", "content": { "interpretation": "snake" } });
+    let recorder = Recorder::answering(answer, Duration::from_millis(100));
+    let result = tokio::time::timeout(
+        Duration::from_secs(30),
+        second.task_result_in(
+            &task_id,
+            Some(&created_in),
+            recorder.clone(),
+            &CancellationToken::new(),
+        ),
+    )
+    .await
+    .expect("the answer reached the task's session")
+    .unwrap();
+    assert_eq!(recorder.events(), ["request elicitation/create"]);
+    assert!(text_of(&result).contains("snake"), "{result}");
 }

@@ -659,6 +659,14 @@ fn a_bad_upstream_config_is_refused_with_file_line_and_reason() {
             "taskbroker.toml:2: upstream 'x': give the server's command",
         ),
         (
+            "[[upstream]]\nname = \"x\"\nurl = \"http://127.0.0.1:9/mcp\"\nprotocol = \"2024-01-01\"\n",
+            "taskbroker.toml:4: upstream 'x': protocol '2024-01-01' is not one this broker speaks to servers",
+        ),
+        (
+            "[[upstream]]\nname = \"x\"\ncommand = [\"sh\"]\nprotocol = \"2026-07-28\"\n",
+            "taskbroker.toml:4: upstream 'x': protocol applies to an HTTP server (url)",
+        ),
+        (
             "[[upstream]]\nname = \"x\"\ncommand = [\"sh\"]\nprincipals = []\n",
             "taskbroker.toml:4: upstream 'x': principals = [] would hide its tools from every client",
         ),
@@ -1265,3 +1273,280 @@ async fn an_upstream_sampling_request_is_answered_through_the_task(driver: Drive
     );
 }
 both_drivers!(an_upstream_sampling_request_is_answered_through_the_task);
+
+// MCP 2026-07-28 upstreams ---------------------------------------------------
+
+/// A broker in front of the Python SDK 2.x server at `url` (`py_` prefix),
+/// with `more` lines in its `[[upstream]]`; waits until `py_add` is served.
+async fn broker_2026(driver: Driver, url: &str, more: &str, flags: &[&str]) -> (Server, Client) {
+    let config =
+        format!("[[upstream]]\nname = \"py\"\nprefix = \"py_\"\nurl = \"{url}\"\n{more}\n");
+    let server = Server::start_with_config_on(driver, &config, flags);
+    let mut c = elicit_client(&server).await;
+    let deadline = Instant::now() + Duration::from_secs(30);
+    while tool(&listed(&mut c).await, "py_add").is_none() {
+        assert!(Instant::now() < deadline, "{}", server.log());
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    (server, c)
+}
+
+/// Issue 25 ("the protocol version to speak ... discover it when not
+/// given"; items 3-5 against a 2026-07-28 server): a server written with
+/// the Python SDK 2.3 (FastMCP 4.1 and its tasks extension) at a URL,
+/// with no `protocol` in the config, is asked `server/discover` and spoken
+/// to in 2026-07-28. A plain call answers; a task's progress and log
+/// lines reach the task (the log level asked in `_meta`); the server's
+/// question (an `input_required` result, answered by calling again with
+/// `inputResponses`) is answered through the broker's task; a tool the
+/// server runs as its own task is followed with `tasks/get` (its id kept
+/// in the job's row), and a question asked inside it goes back with
+/// `tasks/update`; a cancel closes the call's stream, and the server stops
+/// stepping.
+async fn a_2026_upstream_is_discovered_and_serves_calls_tasks_questions_and_cancels(
+    driver: Driver,
+) {
+    let dir = tempfile::tempdir().unwrap();
+    let Some(upstream) = common::Python2026::start(dir.path()) else {
+        return;
+    };
+    let (server, mut c) = broker_2026(driver, &upstream.url, "", &[]).await;
+    assert!(
+        server
+            .log()
+            .lines()
+            .any(|l| l.contains("upstream ready") && l.contains("2026-07-28")),
+        "{}",
+        server.log()
+    );
+
+    let sum = c
+        .ok(
+            "tools/call",
+            json!({ "name": "py_add", "arguments": { "a": 2, "b": 3 } }),
+        )
+        .await;
+    assert_eq!(text_of(&sum), "The sum of 2 and 3 is 5.", "{sum}");
+
+    // Progress and log lines of a plain upstream call, kept with the task:
+    // each log line is the task's status message while it works.
+    let task = c
+        .call_task("py_slow", json!({ "seconds": 3, "steps": 3 }))
+        .await;
+    let task_id = task["taskId"].as_str().unwrap().to_owned();
+    let deadline = Instant::now() + Duration::from_secs(30);
+    let mut said = Vec::new();
+    let done = loop {
+        let t = c.ok("tasks/get", json!({ "taskId": task_id })).await;
+        if let Some(m) = t["statusMessage"].as_str()
+            && said.last().map(String::as_str) != Some(m)
+        {
+            said.push(m.to_owned());
+        }
+        if t["status"] != "working" {
+            break t;
+        }
+        assert!(Instant::now() < deadline, "{t}");
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    };
+    assert_eq!(done["status"], "completed", "{done}");
+    assert!(
+        said.iter()
+            .any(|m| m.starts_with("step ") && m.contains(" of 3")),
+        "the server's log lines were the status message: {said:?}"
+    );
+    let result = c.ok("tasks/result", json!({ "taskId": task_id })).await;
+    assert_eq!(text_of(&result), "slow done after 3 steps", "{result}");
+    let db = server.db_reader().await;
+    let progress: i64 = db
+        .scalar(
+            "SELECT COUNT(*) FROM task_progress p JOIN tasks t ON t.seq = p.task_seq WHERE t.task_id = $1",
+            &[Arg::Text(task_id.clone())],
+        )
+        .await;
+    db.close().await;
+    assert!(progress >= 1, "the upstream's progress was kept");
+
+    // A question as an input_required result, answered through the task.
+    let task = c.call_task("py_ask_name", json!({})).await;
+    let task_id = task["taskId"].as_str().unwrap().to_owned();
+    wait_status(&mut c, &task_id, "input_required", Duration::from_secs(20)).await;
+    let (mut sse, request) = question_on_result_stream(&mut c, &task_id).await;
+    assert_eq!(request["method"], "elicitation/create", "{request}");
+    assert_eq!(request["params"]["message"], "What is your name?");
+    let answer = json!({ "action": "accept", "content": { "name": "Ada" } });
+    let last = answer_on_result_stream(&c, &mut sse, &request, answer).await;
+    assert_eq!(text_of(&last["result"]), "Hello, Ada!", "{last}");
+
+    // The server's own task: followed, its id kept; its question answered.
+    let task = c.call_task("py_ask_name_task", json!({})).await;
+    let task_id = task["taskId"].as_str().unwrap().to_owned();
+    wait_status(&mut c, &task_id, "input_required", Duration::from_secs(20)).await;
+    let kept: Value =
+        serde_json::from_str(&checkpoint_of(&server, &task_id).await.unwrap()).unwrap();
+    assert!(kept["upstreamTask"].is_string(), "{kept}");
+    assert!(kept.get("upstreamSession").is_none(), "no sessions: {kept}");
+    let (mut sse, request) = question_on_result_stream(&mut c, &task_id).await;
+    let answer = json!({ "action": "accept", "content": { "name": "Tess" } });
+    let last = answer_on_result_stream(&c, &mut sse, &request, answer).await;
+    assert_eq!(text_of(&last["result"]), "Hello, Tess!", "{last}");
+
+    // A cancel closes the call's stream: the server stops stepping.
+    let task = c
+        .call_task("py_slow", json!({ "seconds": 20, "steps": 40 }))
+        .await;
+    let task_id = task["taskId"].as_str().unwrap().to_owned();
+    let deadline = Instant::now() + Duration::from_secs(20);
+    while common::Python2026::lines(&upstream.step_log)
+        .iter()
+        .all(|l| !l.ends_with("/40"))
+    {
+        assert!(Instant::now() < deadline, "never stepped: {}", server.log());
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    c.ok("tasks/cancel", json!({ "taskId": task_id })).await;
+    let cancelled = c.wait_terminal(&task_id, Duration::from_secs(10)).await;
+    assert_eq!(cancelled["status"], "cancelled", "{cancelled}");
+    let steps = || {
+        common::Python2026::lines(&upstream.step_log)
+            .iter()
+            .filter(|l| l.ends_with("/40"))
+            .count()
+    };
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    let at_cancel = steps();
+    tokio::time::sleep(Duration::from_millis(1500)).await;
+    assert_eq!(steps(), at_cancel, "the server stopped stepping");
+    assert!(at_cancel < 40);
+}
+both_drivers!(a_2026_upstream_is_discovered_and_serves_calls_tasks_questions_and_cancels);
+
+/// Issue 25 item 5 with a 2026-07-28 server: kill -9 of the broker while
+/// the server runs the call as its own task (the tasks extension). The
+/// restarted broker follows the same task with `tasks/get` (its id kept in
+/// the job's row) instead of calling again: the tool ran exactly once
+/// (counted by the server), and the client gets the result.
+async fn kill9_mid_2026_upstream_task_follows_the_same_task(driver: Driver) {
+    let dir = tempfile::tempdir().unwrap();
+    let Some(upstream) = common::Python2026::start(dir.path()) else {
+        return;
+    };
+    let (mut server, mut c) = broker_2026(driver, &upstream.url, "", &["--lease", "2"]).await;
+    let task = c.call_task("py_long_task", json!({ "seconds": 4 })).await;
+    let task_id = task["taskId"].as_str().unwrap().to_owned();
+    let deadline = Instant::now() + Duration::from_secs(20);
+    let kept = loop {
+        if let Some(c) = checkpoint_of(&server, &task_id).await
+            && c.contains("upstreamTask")
+        {
+            break c;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "no upstream task: {}",
+            server.log()
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    };
+    server.kill_and_restart();
+    c.reconnect(&server.url);
+    let done = c.wait_terminal(&task_id, Duration::from_secs(60)).await;
+    assert_eq!(done["status"], "completed", "{done} {}", server.log());
+    let result = c.ok("tasks/result", json!({ "taskId": task_id })).await;
+    assert_eq!(text_of(&result), "long_task done", "{result}");
+    assert_eq!(
+        checkpoint_of(&server, &task_id).await.as_deref(),
+        Some(kept.as_str()),
+        "the same upstream task throughout"
+    );
+    assert_eq!(
+        common::Python2026::lines(&upstream.run_log).len(),
+        1,
+        "the tool ran once"
+    );
+    assert!(
+        server
+            .log()
+            .lines()
+            .any(|l| l.contains("resuming: following the upstream's task") && l.contains(&task_id)),
+        "{}",
+        server.log()
+    );
+}
+both_drivers!(kill9_mid_2026_upstream_task_follows_the_same_task);
+
+/// Issue 25 item 6 with a 2026-07-28 server: the broker keeps a
+/// `subscriptions/listen` stream open on it, so a tool the server adds
+/// later is served (and one it removes is not) without a reconnection.
+/// `protocol = "2025-11-25"` makes the broker speak the handshake to the
+/// same (two-generation) server instead; `protocol = "2026-07-28"` to a
+/// server of 2025-11-25 only (server-everything) is a clear down state
+/// naming the failed `server/discover`, and the broker's other tools
+/// serve.
+#[tokio::test]
+async fn a_2026_upstream_announces_its_tools_and_the_protocol_setting_is_honoured() {
+    let dir = tempfile::tempdir().unwrap();
+    let Some(upstream) = common::Python2026::start(dir.path()) else {
+        return;
+    };
+    let (server, mut c) = broker_2026(Driver::Sqlite, &upstream.url, "", &[]).await;
+    assert!(tool(&listed(&mut c).await, "py_extra").is_none());
+    let toggled = c
+        .ok(
+            "tools/call",
+            json!({ "name": "py_toggle_extra", "arguments": {} }),
+        )
+        .await;
+    assert!(text_of(&toggled).contains("added"), "{toggled}");
+    let deadline = Instant::now() + Duration::from_secs(20);
+    while tool(&listed(&mut c).await, "py_extra").is_none() {
+        assert!(Instant::now() < deadline, "never listed: {}", server.log());
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    drop(server);
+
+    let (legacy, mut c) = broker_2026(
+        Driver::Sqlite,
+        &upstream.url,
+        "protocol = \"2025-11-25\"",
+        &[],
+    )
+    .await;
+    assert!(
+        legacy
+            .log()
+            .lines()
+            .any(|l| l.contains("upstream ready") && l.contains("2025-11-25")),
+        "{}",
+        legacy.log()
+    );
+    let sum = c
+        .ok(
+            "tools/call",
+            json!({ "name": "py_add", "arguments": { "a": 1, "b": 2 } }),
+        )
+        .await;
+    assert_eq!(text_of(&sum), "The sum of 1 and 2 is 3.", "{sum}");
+    drop(legacy);
+
+    if let Some(script) = server_everything() {
+        let everything = common::EverythingHttp::start(&script);
+        let config = format!(
+            "[[upstream]]\nname = \"web\"\nurl = \"{}\"\nprotocol = \"2026-07-28\"\n",
+            everything.url
+        );
+        let server = Server::start_with_config(&config, &[]);
+        wait_upstream_state(&server, "web", "down", Duration::from_secs(20)).await;
+        let (_, error, _, _) = upstream_row(&server, "web").await;
+        let error = error.unwrap_or_default();
+        assert!(error.contains("server/discover failed"), "{error}");
+        let mut c = server.client().await;
+        let echo = c
+            .ok(
+                "tools/call",
+                json!({ "name": "echo", "arguments": { "text": "still serving" } }),
+            )
+            .await;
+        assert!(echo.to_string().contains("still serving"), "{echo}");
+    }
+}

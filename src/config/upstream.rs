@@ -11,7 +11,9 @@ use serde::Deserialize;
 use toml::Spanned;
 
 use super::{Config, ConfigError, DurationValue};
-use crate::upstream::{HttpSpec, Retry, StdioSpec, ToolSettings, Transport, UpstreamSpec};
+use crate::upstream::{
+    HttpProtocol, HttpSpec, Retry, StdioSpec, ToolSettings, Transport, UpstreamSpec,
+};
 
 /// How long a stdio upstream gets between TERM and KILL, unless set.
 const DEFAULT_KILL_GRACE: std::time::Duration = std::time::Duration::from_secs(5);
@@ -31,6 +33,9 @@ pub struct UpstreamSection {
     /// The environment variable holding the HTTP server's bearer token
     /// (the token itself is never in the file).
     pub bearer_token_env: Option<Spanned<String>>,
+    /// The MCP revision spoken to an HTTP server: "2025-11-25",
+    /// "2026-07-28" (default: asked with `server/discover`).
+    pub protocol: Option<Spanned<String>>,
     /// Environment added for a stdio server.
     #[serde(default)]
     pub env: BTreeMap<String, String>,
@@ -200,6 +205,12 @@ impl Config {
                         format!("{what}: bearer_token_env applies to an HTTP server (url), not to a command"),
                     ));
                 }
+                if let Some(p) = &section.protocol {
+                    return Err(self.error(
+                        self.line_of(p.span().start),
+                        format!("{what}: protocol applies to an HTTP server (url); over stdio the broker speaks MCP 2025-11-25"),
+                    ));
+                }
                 let argv = self.resolve_command(
                     command.get_ref(),
                     self.line_of(command.span().start),
@@ -269,11 +280,21 @@ impl Config {
                         format!("{what}: header '{bad}' is not a valid HTTP header"),
                     ));
                 }
+                let protocol = match &section.protocol {
+                    None => HttpProtocol::Discover,
+                    Some(p) => HttpProtocol::parse(p.get_ref()).ok_or_else(|| {
+                        self.error(
+                            self.line_of(p.span().start),
+                            format!("{what}: protocol '{}' is not one this broker speaks to servers: give \"2025-11-25\" or \"2026-07-28\" (or leave it out to ask the server)", p.get_ref()),
+                        )
+                    })?,
+                };
                 Ok(Transport::Http(HttpSpec {
                     name: name.to_owned(),
                     url: parsed,
                     headers,
                     bearer_token,
+                    protocol,
                 }))
             }
         }

@@ -6,6 +6,11 @@
 //! the server gives with its `initialize` answer goes on every later
 //! request, with `MCP-Protocol-Version`.
 //!
+//! MCP 2026-07-28 requests (those whose `_meta` names that version) go
+//! without a session, with `MCP-Protocol-Version`, `Mcp-Method` and
+//! `Mcp-Name` taken from the message; a `notifications/cancelled` for one
+//! of them closes its answer stream instead of being sent.
+//!
 //! The connection ends (and the link starts a new one, with backoff) when
 //! the server cannot be reached, or answers 404 to a request of its session
 //! (the session expired). A request whose POST fails otherwise (an HTTP
@@ -15,7 +20,7 @@
 //! is loaded, and never logged: [`HttpSpec`]'s `Debug` hides it, and errors
 //! name the URL only.
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, HashMap};
 use std::sync::{Arc, Mutex, PoisonError};
 use std::time::Duration;
 
@@ -23,11 +28,12 @@ use futures_util::StreamExt;
 use reqwest::header::{ACCEPT, AUTHORIZATION, CONTENT_TYPE, HeaderMap, HeaderName, HeaderValue};
 use serde_json::Value;
 use tokio::sync::mpsc;
+use tokio_util::sync::CancellationToken;
 
 use super::wire::{Connection, Inbound, Outbound, Router};
 use super::{BadInputLog, CallError, StartError};
 use crate::client::sse::SseParser;
-use crate::mcp::{ErrorCode, RpcError};
+use crate::mcp::{ErrorCode, RpcError, VERSION_HEADER, modern};
 
 /// How to reach one Streamable HTTP upstream.
 #[derive(Clone)]
@@ -40,6 +46,33 @@ pub struct HttpSpec {
     pub headers: BTreeMap<String, String>,
     /// Sent as `Authorization: Bearer ...` (read from the environment).
     pub bearer_token: Option<String>,
+    /// The MCP revision to speak.
+    pub protocol: HttpProtocol,
+}
+
+/// The MCP revision spoken to an HTTP upstream.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum HttpProtocol {
+    /// Ask with `server/discover`: 2026-07-28 when the server lists it,
+    /// else 2025-11-25 (with its handshake).
+    #[default]
+    Discover,
+    /// 2025-11-25: `initialize`, a server session.
+    Handshake,
+    /// 2026-07-28: stateless, `_meta` on every request (a server that
+    /// does not answer `server/discover` with it is down, with that reason).
+    Stateless,
+}
+
+impl HttpProtocol {
+    /// The config value (`protocol = "..."`), None if unknown.
+    pub fn parse(text: &str) -> Option<Self> {
+        match text {
+            "2025-11-25" => Some(Self::Handshake),
+            "2026-07-28" => Some(Self::Stateless),
+            _ => None,
+        }
+    }
 }
 
 impl std::fmt::Debug for HttpSpec {
@@ -52,6 +85,7 @@ impl std::fmt::Debug for HttpSpec {
                 "bearer_token",
                 &self.bearer_token.as_ref().map(|_| "(hidden)"),
             )
+            .field("protocol", &self.protocol)
             .finish()
     }
 }
@@ -72,6 +106,9 @@ struct Poster {
     /// (shared with the connection, which tells the session).
     session: Arc<Mutex<Option<Arc<str>>>>,
     router: Router,
+    /// 2026-07-28 requests whose answer is being read, by id: cancelled
+    /// to close the stream.
+    stateless_open: Mutex<HashMap<u64, CancellationToken>>,
 }
 
 /// Open the connection: nothing is sent until the session's first
@@ -116,6 +153,7 @@ pub(crate) fn start(
         headers,
         session: wiring.session_id,
         router: wiring.router,
+        stateless_open: Mutex::new(HashMap::new()),
     });
     tokio::spawn(send_all(poster.clone(), wiring.outgoing));
     tracing::info!(upstream = %upstream, url = %spec.url, "upstream connecting over HTTP");
@@ -129,6 +167,10 @@ pub(crate) fn start(
 /// another broker process; the server expires it.
 async fn send_all(poster: Arc<Poster>, mut outgoing: mpsc::UnboundedReceiver<Outbound>) {
     while let Some(message) = outgoing.recv().await {
+        if let Some(stream) = poster.stateless_cancel(&message.body) {
+            stream.cancel();
+            continue;
+        }
         let request = poster.request(message);
         let poster = poster.clone();
         tokio::spawn(poster.exchange(request));
@@ -144,6 +186,37 @@ struct Post {
     request_id: Option<u64>,
     initialize: bool,
     session: Option<Arc<str>>,
+    /// A 2026-07-28 request: its headers (no server session).
+    stateless: Option<Vec<(&'static str, HeaderValue)>>,
+}
+
+/// The 2026-07-28 headers of `message` when it carries that revision's
+/// `_meta` envelope: `MCP-Protocol-Version`, `Mcp-Method`, and `Mcp-Name`
+/// (the tool or prompt of a call, the resource read, the task asked
+/// about).
+fn stateless_headers(message: &Value) -> Option<Vec<(&'static str, HeaderValue)>> {
+    let params = message.get("params")?;
+    let version = params
+        .get("_meta")?
+        .get(modern::META_PROTOCOL_VERSION)?
+        .as_str()?;
+    let method = message.get("method")?.as_str()?;
+    let mut headers = vec![
+        (VERSION_HEADER, HeaderValue::from_str(version).ok()?),
+        (modern::METHOD_HEADER, HeaderValue::from_str(method).ok()?),
+    ];
+    let name = match method {
+        "tools/call" | "prompts/get" => params.get("name"),
+        "resources/read" => params.get("uri"),
+        m if m.starts_with("tasks/") => params.get("taskId"),
+        _ => None,
+    };
+    if let Some(name) = name.and_then(Value::as_str)
+        && let Ok(value) = HeaderValue::from_str(name)
+    {
+        headers.push((modern::NAME_HEADER, value));
+    }
+    Some(headers)
 }
 
 impl Poster {
@@ -160,15 +233,68 @@ impl Poster {
         Post {
             initialize: method == Some("initialize"),
             request_id,
+            stateless: parsed.as_ref().and_then(stateless_headers),
             body,
             session,
         }
     }
 
-    /// POST one message and route what comes back.
+    /// The request a `notifications/cancelled` names, if its answer is
+    /// being read now from a 2026-07-28 stream (closing that stream is how
+    /// that revision cancels; the notification itself is not sent).
+    fn stateless_cancel(&self, body: &str) -> Option<CancellationToken> {
+        if !body.contains("notifications/cancelled") {
+            return None;
+        }
+        let message: Value = serde_json::from_str(body).ok()?;
+        if message.get("method")?.as_str()? != "notifications/cancelled" {
+            return None;
+        }
+        let id = message.get("params")?.get("requestId")?.as_u64()?;
+        self.stateless_open
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .remove(&id)
+    }
+
+    /// POST one message and route what comes back; a 2026-07-28 request's
+    /// exchange ends (its stream closed) when the request is cancelled.
     async fn exchange(self: Arc<Self>, post: Post) {
+        let stop = match (&post.stateless, post.request_id) {
+            (Some(_), Some(id)) => {
+                let token = CancellationToken::new();
+                self.stateless_open
+                    .lock()
+                    .unwrap_or_else(PoisonError::into_inner)
+                    .insert(id, token.clone());
+                Some((id, token))
+            }
+            _ => None,
+        };
+        match &stop {
+            Some((_, token)) => {
+                tokio::select! {
+                    () = self.clone().exchange_until_answered(post) => {}
+                    () = token.cancelled() => {}
+                }
+            }
+            None => self.clone().exchange_until_answered(post).await,
+        }
+        if let Some((id, _)) = stop {
+            self.stateless_open
+                .lock()
+                .unwrap_or_else(PoisonError::into_inner)
+                .remove(&id);
+        }
+    }
+
+    async fn exchange_until_answered(self: Arc<Self>, post: Post) {
         let mut headers = self.headers.clone();
-        if !post.initialize {
+        if let Some(stateless) = &post.stateless {
+            for (name, value) in stateless {
+                headers.insert(*name, value.clone());
+            }
+        } else if !post.initialize {
             headers.insert(
                 "mcp-protocol-version",
                 HeaderValue::from_static(PROTOCOL_VERSION),
@@ -215,7 +341,12 @@ impl Poster {
             // it sends outside any request (tools/list_changed).
             tokio::spawn(self.clone().listen());
         }
-        if status == reqwest::StatusCode::NOT_FOUND && !post.initialize && post.session.is_none() {
+        // (A 2026-07-28 request has no session: its 404 is -32601.)
+        if status == reqwest::StatusCode::NOT_FOUND
+            && !post.initialize
+            && post.session.is_none()
+            && post.stateless.is_none()
+        {
             let reason = format!("{} answered 404: the server ended the session", self.url);
             tracing::warn!(upstream = %self.router.upstream(), reason, "upstream connection ended");
             self.router.close(Arc::from(reason));
@@ -234,12 +365,21 @@ impl Poster {
         if is_sse {
             let mut parser = SseParser::new();
             let mut body = response.bytes_stream();
-            while let Some(chunk) = body.next().await {
+            let mut closed = self.router.closed();
+            loop {
+                // The connection dropped: nobody waits for this answer
+                // (a listen stream would otherwise stay open for ever).
+                let chunk = tokio::select! {
+                    chunk = body.next() => chunk,
+                    _ = closed.wait_for(Option::is_some) => return,
+                };
+                let Some(chunk) = chunk else { break };
                 match chunk {
                     Ok(bytes) => {
                         for event in parser.push(&bytes) {
                             if !event.data.is_empty() {
-                                self.router.on_message(event.data.as_bytes());
+                                self.router
+                                    .on_message_in(event.data.as_bytes(), post.session.clone());
                             }
                         }
                     }
@@ -256,7 +396,7 @@ impl Poster {
         }
         match response.bytes().await {
             Ok(bytes) if bytes.iter().all(u8::is_ascii_whitespace) => {}
-            Ok(bytes) => self.router.on_message(&bytes),
+            Ok(bytes) => self.router.on_message_in(&bytes, post.session.clone()),
             Err(e) => {
                 if let Some(id) = post.request_id {
                     self.router.fail(

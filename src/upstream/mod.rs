@@ -10,10 +10,14 @@
 //!   stdin/stdout, its stderr in the log.
 //! - [`http`]: the server at a URL (Streamable HTTP): each message a POST,
 //!   answers as JSON or an SSE stream, the server's session id kept.
-//! - [`session`]: MCP 2025-11-25 on that connection: the handshake, the
+//! - [`session`]: MCP on that connection: the handshake, the
 //!   server's capabilities, `tools/list`, tool calls whose progress, logs
 //!   and questions reach the caller's [`CallHandler`], cancellation, and
 //!   the upstream's own tasks.
+//! - [`stateless`]: what MCP 2026-07-28 changes on that session (chosen
+//!   by the config, or by the server's answer to `server/discover`):
+//!   `_meta` on every request, questions as input requests, the tasks
+//!   extension, `subscriptions/listen`.
 //! - [`spec`], [`link`], [`tool`]: an `[[upstream]]` as configured, the
 //!   link that keeps its connection up and its tools served, and the
 //!   `Tool` each of its tools becomes.
@@ -30,6 +34,7 @@ pub mod http;
 pub mod link;
 pub mod session;
 pub mod spec;
+pub mod stateless;
 pub mod stdio;
 pub mod tool;
 mod wire;
@@ -40,7 +45,7 @@ use std::time::Duration;
 
 use crate::mcp::RpcError;
 
-pub use http::HttpSpec;
+pub use http::{HttpProtocol, HttpSpec};
 pub use link::{Link, LinkState, LinkStatus, Upstreams};
 pub use session::{AnswerFuture, CallHandler, ServerRequest, Session, SessionOptions};
 pub use spec::{Retry, ToolSettings, Transport, UpstreamSpec};
@@ -83,6 +88,17 @@ pub enum CallError {
     Cancelled {
         /// The upstream's name.
         upstream: Arc<str>,
+    },
+    /// The upstream asked a question (a 2026-07-28 input request) that
+    /// got no answer to send back: the call cannot go on.
+    #[error("upstream '{upstream}' asked {method}, which got no answer: {}", .error.message)]
+    Unanswered {
+        /// The upstream's name.
+        upstream: Arc<str>,
+        /// What it asked.
+        method: String,
+        /// Why there is no answer.
+        error: Box<RpcError>,
     },
     /// The upstream answered, but not in a shape this client can use.
     #[error("upstream '{upstream}' answered {method} with {what}")]
@@ -133,9 +149,16 @@ pub enum StartError {
         /// `"; it wrote ..."`, or empty.
         noticed: String,
     },
+    /// `server/discover` failed (the server was told to speak
+    /// 2026-07-28).
+    #[error("server/discover failed: {error}")]
+    Discover {
+        /// Why.
+        error: CallError,
+    },
     /// The upstream answered a protocol version this client does not speak.
     #[error(
-        "upstream '{upstream}' speaks MCP {answered:?}, which taskbroker does not (it speaks {})",
+        "upstream '{upstream}' speaks MCP {answered}, which taskbroker does not (it speaks 2026-07-28, {})",
         session::KNOWN_PROTOCOL_VERSIONS.join(", ")
     )]
     Version {

@@ -1,6 +1,8 @@
-//! An MCP 2025-11-25 session with one upstream server, on a stdio
-//! connection: the handshake, what the server declared, `tools/list`,
-//! tool calls, cancellation and the server's own tasks.
+//! An MCP session with one upstream server, on a stdio or HTTP
+//! connection: the start (the 2025-11-25 handshake, or 2026-07-28's
+//! `server/discover`, whose differences live in `stateless.rs`), what the
+//! server declared, `tools/list`, tool calls, cancellation and the
+//! server's own tasks.
 //!
 //! What the server says during a call reaches that call's [`CallHandler`]:
 //! - `notifications/progress`, by the call's own `progressToken`;
@@ -17,7 +19,8 @@
 //!   goes to the connection's log (tracing, naming the upstream) and, by
 //!   the same rule as requests, to the call it names or the only open call;
 //!   with several open and none named, to the connection's log only, never
-//!   copied into every call;
+//!   copied into every call (2026-07-28: only when the request asked for a
+//!   log level, which this client does);
 //! - `notifications/tasks/status`: to the call following that task.
 //!
 //! The session answers `ping` (`{}`) and `roots/list` (`{"roots": []}`:
@@ -34,14 +37,15 @@ use serde_json::{Value, json};
 use tokio::sync::{mpsc, watch};
 use tokio_util::sync::CancellationToken;
 
-use super::http::HttpSpec;
+use super::http::{HttpProtocol, HttpSpec};
 use super::spec::Transport;
+use super::stateless::Directed;
 use super::stdio::StdioSpec;
 use super::wire::{Connection, Inbound, Outgoing};
 use super::{BadInputLog, CallError, StartError, quote};
 use crate::mcp::{
-    ErrorCode, LogLevel, RELATED_TASK_META, RequestId, RpcError, error_response, notification,
-    success_response,
+    ErrorCode, LogLevel, RELATED_TASK_META, RequestId, RpcError, error_response, modern,
+    notification, success_response,
 };
 
 /// The protocol version offered in `initialize`.
@@ -204,6 +208,20 @@ fn lock<T>(mutex: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
         .unwrap_or_else(std::sync::PoisonError::into_inner)
 }
 
+/// Which generation of MCP the session speaks.
+#[derive(Debug)]
+pub(super) enum Era {
+    /// 2025-11-25 and the revisions before it: `initialize`, then (HTTP)
+    /// the server's session. The `initialize` result as sent
+    /// (capabilities, serverInfo, instructions), raw: nothing the server
+    /// declared is lost to a typed parse.
+    Handshake(Value),
+    /// 2026-07-28: no handshake; every request carries the version and
+    /// the client's capabilities in `_meta`. The `server/discover` result
+    /// as sent.
+    Stateless(Value),
+}
+
 /// A live MCP session with one upstream. Clones share it; the process is
 /// stopped when the last clone is dropped.
 #[derive(Clone)]
@@ -211,16 +229,14 @@ pub struct Session {
     inner: Arc<Inner>,
 }
 
-struct Inner {
+pub(super) struct Inner {
     conn: Connection,
     options: SessionOptions,
     routes: Arc<Mutex<Routes>>,
-    /// The version the server answered.
+    /// The version spoken.
     protocol_version: String,
-    /// The `initialize` result as sent (capabilities, serverInfo,
-    /// instructions), raw: nothing the server declared is lost to a
-    /// typed parse.
-    initialize_result: Value,
+    /// How: with a handshake and a server session, or stateless.
+    era: Era,
     /// Counts `notifications/tools/list_changed`.
     tools_changed: watch::Receiver<u64>,
     /// Progress tokens, `taskbroker-1`, `taskbroker-2`, ...
@@ -246,15 +262,18 @@ impl Session {
     ) -> Result<Self, StartError> {
         let bad_input = Arc::new(BadInputLog::new(Arc::from(spec.name.as_str())));
         let (conn, inbound) = super::stdio::start(spec, bad_input.clone())?;
-        Self::handshake(conn, inbound, bad_input, options).await
+        Self::open(conn, inbound, bad_input, options, HttpProtocol::Handshake).await
     }
 
     /// Connect to a Streamable HTTP server and run the handshake, as
     /// [`Session::start_stdio`] does.
+    /// With [`HttpProtocol::Discover`] (the default) `server/discover`
+    /// is asked first: a server that lists 2026-07-28 is spoken to
+    /// statelessly, any other answer (or none) leads to the handshake.
     pub async fn start_http(spec: &HttpSpec, options: SessionOptions) -> Result<Self, StartError> {
         let bad_input = Arc::new(BadInputLog::new(Arc::from(spec.name.as_str())));
         let (conn, inbound) = super::http::start(spec, bad_input.clone())?;
-        Self::handshake(conn, inbound, bad_input, options).await
+        Self::open(conn, inbound, bad_input, options, spec.protocol).await
     }
 
     /// Connect through `transport` and run the handshake.
@@ -265,11 +284,14 @@ impl Session {
         }
     }
 
-    async fn handshake(
+    /// Route what the server sends, then speak to it in the generation
+    /// `protocol` says (or it answers to `server/discover`).
+    async fn open(
         conn: Connection,
         inbound: tokio::sync::mpsc::UnboundedReceiver<Inbound>,
         bad_input: Arc<BadInputLog>,
         options: SessionOptions,
+        protocol: HttpProtocol,
     ) -> Result<Self, StartError> {
         let routes = Arc::new(Mutex::new(Routes::default()));
         let (tools_changed_tx, tools_changed) = watch::channel(0);
@@ -283,6 +305,41 @@ impl Session {
         };
         tokio::spawn(dispatcher.run(inbound));
 
+        let (protocol_version, era) = match protocol {
+            HttpProtocol::Handshake => Self::initialize(&conn, &options).await?,
+            HttpProtocol::Stateless => Self::discover(&conn, &options).await?,
+            HttpProtocol::Discover => match Self::discover(&conn, &options).await {
+                Ok(stateless) => stateless,
+                Err(e) => {
+                    tracing::info!(upstream = %conn.upstream(), answer = %e,
+                                   "no 2026-07-28 in the answer to server/discover: speaking 2025-11-25");
+                    Self::initialize(&conn, &options).await?
+                }
+            },
+        };
+        let inner = Arc::new(Inner {
+            conn,
+            options,
+            routes,
+            protocol_version,
+            era,
+            tools_changed,
+            next_token: AtomicU64::new(1),
+        });
+        let session = Self { inner };
+        if session.is_stateless() {
+            session.keep_listening();
+        }
+        Ok(session)
+    }
+
+    /// The 2025-11-25 handshake: `initialize` offering 2025-11-25 (any
+    /// version of [`KNOWN_PROTOCOL_VERSIONS`] answered is accepted), then
+    /// `notifications/initialized`.
+    async fn initialize(
+        conn: &Connection,
+        options: &SessionOptions,
+    ) -> Result<(String, Era), StartError> {
         let params = json!({
             "protocolVersion": OFFERED_PROTOCOL_VERSION,
             "capabilities": options.capabilities,
@@ -339,16 +396,7 @@ impl Session {
             server = %server_info,
             "upstream initialized"
         );
-        let inner = Arc::new(Inner {
-            conn,
-            options,
-            routes,
-            protocol_version,
-            initialize_result: result,
-            tools_changed,
-            next_token: AtomicU64::new(1),
-        });
-        Ok(Self { inner })
+        Ok((protocol_version, Era::Handshake(result)))
     }
 
     /// The upstream's name.
@@ -368,34 +416,80 @@ impl Session {
 
     /// The server's capabilities, as it sent them.
     pub fn capabilities(&self) -> &Value {
-        self.inner
-            .initialize_result
-            .get("capabilities")
-            .unwrap_or(&Value::Null)
+        self.declared().get("capabilities").unwrap_or(&Value::Null)
     }
 
     /// The server's `serverInfo`, as it sent it.
     pub fn server_info(&self) -> &Value {
-        self.inner
-            .initialize_result
-            .get("serverInfo")
-            .unwrap_or(&Value::Null)
+        match &self.inner.era {
+            Era::Handshake(result) => result.get("serverInfo"),
+            Era::Stateless(result) => result
+                .get("_meta")
+                .and_then(|meta| meta.get(modern::META_SERVER_INFO)),
+        }
+        .unwrap_or(&Value::Null)
     }
 
     /// The server's `instructions`, if any.
     pub fn instructions(&self) -> Option<&str> {
-        self.inner
-            .initialize_result
-            .get("instructions")
-            .and_then(Value::as_str)
+        self.declared().get("instructions").and_then(Value::as_str)
     }
 
-    /// Whether the server runs `tools/call` as a task when asked
-    /// (2025-11-25 `tasks.requests.tools.call`).
+    /// What the server declared: its `initialize` or `server/discover`
+    /// result.
+    fn declared(&self) -> &Value {
+        match &self.inner.era {
+            Era::Handshake(result) | Era::Stateless(result) => result,
+        }
+    }
+
+    /// Whether the session is 2026-07-28's (no handshake, no server
+    /// session).
+    pub fn is_stateless(&self) -> bool {
+        matches!(self.inner.era, Era::Stateless(_))
+    }
+
+    /// `params` as this session sends them: with the 2026-07-28 `_meta`
+    /// envelope when stateless (declaring the tasks extension when the
+    /// server offers it).
+    pub(super) fn outgoing_params(&self, params: Value) -> Value {
+        if self.is_stateless() {
+            super::stateless::enveloped(
+                params,
+                &self.inner.options.capabilities,
+                self.declares_tasks_extension(),
+            )
+        } else {
+            params
+        }
+    }
+
+    /// The connection under the session.
+    pub(super) fn connection(&self) -> &Connection {
+        &self.inner.conn
+    }
+
+    /// A handle that does not keep the session (and its connection) alive.
+    pub(super) fn downgrade(&self) -> std::sync::Weak<Inner> {
+        Arc::downgrade(&self.inner)
+    }
+
+    /// The session of a [`Session::downgrade`] handle, while it lives.
+    pub(super) fn upgrade(weak: &std::sync::Weak<Inner>) -> Option<Self> {
+        weak.upgrade().map(|inner| Self { inner })
+    }
+
+    /// Whether the server runs `tools/call` as a task: 2025-11-25
+    /// `tasks.requests.tools.call` (when asked), or 2026-07-28's tasks
+    /// extension (when it decides to).
     pub fn runs_tool_calls_as_tasks(&self) -> bool {
-        self.capabilities()
-            .pointer("/tasks/requests/tools/call")
-            .is_some()
+        match &self.inner.era {
+            Era::Handshake(_) => self
+                .capabilities()
+                .pointer("/tasks/requests/tools/call")
+                .is_some(),
+            Era::Stateless(_) => self.declares_tasks_extension(),
+        }
     }
 
     /// Changes at each `notifications/tools/list_changed` (a count): the
@@ -436,6 +530,7 @@ impl Session {
     ) -> Result<Value, CallError> {
         let conn = &self.inner.conn;
         let session: Option<Arc<str>> = in_session.map(Arc::from);
+        let params = self.outgoing_params(params);
         let (id, rx) = conn.begin_request_in(method, params, session.clone())?;
         let in_flight = InFlight {
             conn,
@@ -491,8 +586,12 @@ impl Session {
     /// Call a tool: its `CallToolResult` (a result with `isError` is a
     /// result: the tool failed, the call did not). What the server says
     /// about the call reaches `handler`. No timeout: `cancel` (or dropping
-    /// the future) sends `notifications/cancelled` and ends the call at
-    /// once with [`CallError::Cancelled`]; a late answer is dropped.
+    /// the future) sends `notifications/cancelled` (2026-07-28: closes the
+    /// call's stream) and ends the call at once with
+    /// [`CallError::Cancelled`]; a late answer is dropped. A 2026-07-28
+    /// server's input requests are answered through `handler`, and a task
+    /// it makes of the call is followed to its end (and cancelled with
+    /// `cancel`).
     pub async fn call_tool(
         &self,
         name: &str,
@@ -500,22 +599,54 @@ impl Session {
         handler: Arc<dyn CallHandler>,
         cancel: &CancellationToken,
     ) -> Result<Value, CallError> {
+        if self.is_stateless() {
+            let task_id = match self
+                .call_tool_directed(name, arguments, handler.clone(), cancel)
+                .await?
+            {
+                Directed::Result(result) => return Ok(result),
+                Directed::Task(task_id) => task_id,
+            };
+            let followed = self.poll_task(&task_id, handler, cancel).await;
+            if let Err(CallError::Cancelled { .. }) = &followed {
+                let session = self.clone();
+                tokio::spawn(async move {
+                    if let Err(e) = session.task_cancel(&task_id).await {
+                        tracing::warn!(upstream = %session.name(), upstream_task = %task_id, error = %e,
+                                       "cancelling the upstream's task failed");
+                    }
+                });
+            }
+            return followed;
+        }
+        let params = json!({ "name": name, "arguments": arguments });
+        let result = self
+            .call_with_progress("tools/call", params, handler, cancel)
+            .await?;
+        self.call_tool_result("tools/call", result)
+    }
+
+    /// `method` with `params` and a fresh `progressToken`, open (no
+    /// timeout) until answered or `cancel`: what the server says about it
+    /// reaches `handler`.
+    pub(super) async fn call_with_progress(
+        &self,
+        method: &str,
+        mut params: Value,
+        handler: Arc<dyn CallHandler>,
+        cancel: &CancellationToken,
+    ) -> Result<Value, CallError> {
         let token = json!(format!(
             "taskbroker-{}",
             self.inner.next_token.fetch_add(1, Ordering::Relaxed)
         ));
-        let params = json!({
-            "name": name,
-            "arguments": arguments,
-            "_meta": { "progressToken": token },
-        });
+        params["_meta"] = json!({ "progressToken": token });
         let route = Route {
             progress_token: Some(token),
             task_id: None,
             handler,
         };
-        let result = self.open_call("tools/call", params, route, cancel).await?;
-        self.call_tool_result("tools/call", result)
+        self.open_call(method, params, route, cancel).await
     }
 
     /// `tools/call` as an upstream task (`task: {ttl}`, ttl in ms): the
@@ -589,6 +720,9 @@ impl Session {
         handler: Arc<dyn CallHandler>,
         cancel: &CancellationToken,
     ) -> Result<Value, CallError> {
+        if self.is_stateless() {
+            return self.poll_task(task_id, handler, cancel).await;
+        }
         let route = Route {
             progress_token: None,
             task_id: Some(task_id.to_owned()),
@@ -653,6 +787,7 @@ impl Session {
         };
         let conn = &self.inner.conn;
         let session: Option<Arc<str>> = in_session.map(Arc::from);
+        let params = self.outgoing_params(params);
         let (id, rx) = conn.begin_request_in(method, params, session.clone())?;
         let in_flight = InFlight {
             conn,
@@ -717,17 +852,24 @@ impl Dispatcher {
 
     fn dispatch(&self, message: Inbound) {
         match message {
-            Inbound::Request { id, method, params } => self.on_request(id, method, params),
+            Inbound::Request {
+                id,
+                method,
+                params,
+                session,
+            } => self.on_request(id, method, params, session),
             Inbound::Notification { method, params } => self.on_notification(&method, params),
         }
     }
 
-    fn on_request(&self, id: RequestId, method: String, params: Value) {
+    /// A request of the server, answered in the server session it came in
+    /// (`session`, HTTP: a task's question asked on the stream of an
+    /// earlier connection's session goes back there).
+    fn on_request(&self, id: RequestId, method: String, params: Value, session: Option<Arc<str>>) {
+        let reply = |message: &Value| self.outgoing.send_in(message, session.clone());
         match method.as_str() {
-            "ping" => self.outgoing.send(&success_response(&id, json!({}))),
-            "roots/list" => self
-                .outgoing
-                .send(&success_response(&id, json!({ "roots": [] }))),
+            "ping" => reply(&success_response(&id, json!({}))),
+            "roots/list" => reply(&success_response(&id, json!({ "roots": [] }))),
             "elicitation/create" | "sampling/createMessage" => {
                 let handler = match self.route_for(&params) {
                     RouteFor::Call(handler) => handler,
@@ -737,13 +879,13 @@ impl Dispatcher {
                             ErrorCode::InternalError,
                             format!("taskbroker cannot route this {method}: {why}"),
                         );
-                        self.outgoing.send(&error_response(Some(&id), &error));
+                        reply(&error_response(Some(&id), &error));
                         return;
                     }
                 };
-                self.ask(handler, id, method, params);
+                self.ask(handler, id, method, params, session);
             }
-            _ => self.outgoing.send(&error_response(
+            _ => reply(&error_response(
                 Some(&id),
                 &RpcError::method_not_found(&method),
             )),
@@ -752,7 +894,14 @@ impl Dispatcher {
 
     /// Hand a question to a call's handler, in a task of its own, and send
     /// its answer unless the server withdraws the question first.
-    fn ask(&self, handler: Arc<dyn CallHandler>, id: RequestId, method: String, params: Value) {
+    fn ask(
+        &self,
+        handler: Arc<dyn CallHandler>,
+        id: RequestId,
+        method: String,
+        params: Value,
+        session: Option<Arc<str>>,
+    ) {
         let withdrawn = CancellationToken::new();
         lock(&self.withdrawable).insert(id.clone(), withdrawn.clone());
         let answer = handler.request(ServerRequest {
@@ -769,8 +918,8 @@ impl Dispatcher {
             };
             lock(&withdrawable).remove(&id);
             match answer {
-                Some(Ok(result)) => outgoing.send(&success_response(&id, result)),
-                Some(Err(error)) => outgoing.send(&error_response(Some(&id), &error)),
+                Some(Ok(result)) => outgoing.send_in(&success_response(&id, result), session),
+                Some(Err(error)) => outgoing.send_in(&error_response(Some(&id), &error), session),
                 None => {}
             }
         });
@@ -825,7 +974,9 @@ impl Dispatcher {
                     }
                 }
             }
-            "notifications/tools/list_changed" => {
+            // A `subscriptions/listen` stream (2026-07-28) opened: what
+            // changed while none was open is listed again.
+            "notifications/tools/list_changed" | "notifications/subscriptions/acknowledged" => {
                 self.tools_changed.send_modify(|count| *count += 1);
             }
             "notifications/cancelled" => {

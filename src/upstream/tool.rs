@@ -23,6 +23,7 @@ use tokio_util::sync::CancellationToken;
 use super::link::Link;
 use super::session::{AnswerFuture, CallHandler, ServerRequest};
 use super::spec::{DEFAULT_MAX_ATTEMPTS, Retry, ToolSettings, UpstreamSpec, passed_through};
+use super::stateless::Directed;
 use super::{CallError, Session};
 use crate::mcp::{ErrorCode, LogLevel, RpcError};
 use crate::tools::{TaskSupport, Tool, ToolContext, ToolDefinition, ToolFuture, ToolOutcome};
@@ -186,6 +187,9 @@ impl UpstreamTool {
         {
             return self.failure(format!("the call was not made: {e}"));
         }
+        if session.is_stateless() {
+            return self.run_directed(&session, arguments, ctx, &cancel).await;
+        }
         if as_upstream_task {
             return self
                 .start_upstream_task(&session, arguments, ctx, &cancel)
@@ -199,6 +203,40 @@ impl UpstreamTool {
             Ok(result) => ToolOutcome::Result(result),
             Err(e) => self.outcome_of(e),
         }
+    }
+
+    /// A call to a 2026-07-28 server, which decides whether it becomes a
+    /// task (when it offers the tasks extension): a task is kept in the
+    /// job's row (a later run follows it) and followed to its end.
+    async fn run_directed(
+        &self,
+        session: &Session,
+        arguments: Value,
+        ctx: &ToolContext,
+        cancel: &CancellationToken,
+    ) -> ToolOutcome {
+        let relay: Arc<dyn CallHandler> = Arc::new(Relay { ctx: ctx.clone() });
+        let task_id = match session
+            .call_tool_directed(&self.remote, arguments, relay, cancel)
+            .await
+        {
+            Ok(Directed::Result(result)) => return ToolOutcome::Result(result),
+            Ok(Directed::Task(task_id)) => task_id,
+            Err(e) => return self.outcome_of(e),
+        };
+        if ctx.keeps_checkpoints() {
+            let checkpoint = Checkpoint::UpstreamTask {
+                id: task_id.clone(),
+                session: None,
+            };
+            if let Err(e) = ctx.save_checkpoint(&checkpoint.to_text()).await {
+                let _ = session.task_cancel(&task_id).await;
+                return self.failure(format!("the upstream's task {task_id} was cancelled: {e}"));
+            }
+        }
+        tracing::info!(upstream = %self.link.name(), tool = %self.remote, task_id = ?ctx.task_id(),
+                       upstream_task = %task_id, "the upstream runs the call as its own task");
+        self.follow(&task_id, None, ctx, cancel).await
     }
 
     async fn start_upstream_task(
@@ -383,11 +421,14 @@ struct Relay {
 const STATUS_TEXT_MAX: usize = 500;
 
 /// A log message's data as one line of text: the text itself, or its
-/// `message` field, else its JSON; cut at [`STATUS_TEXT_MAX`] bytes.
+/// `message` field (`msg`: FastMCP's), else its JSON; cut at [`STATUS_TEXT_MAX`] bytes.
 fn status_text(data: &Value) -> String {
     let text = match data {
         Value::String(s) => s.clone(),
-        other => match other.get("message").and_then(Value::as_str) {
+        other => match ["message", "msg"]
+            .iter()
+            .find_map(|key| other.get(key).and_then(Value::as_str))
+        {
             Some(m) => m.to_owned(),
             None => other.to_string(),
         },

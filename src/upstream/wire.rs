@@ -32,6 +32,9 @@ pub(crate) enum Inbound {
         method: String,
         /// The params (`{}` when absent).
         params: Value,
+        /// The server session it came in (HTTP), when not the
+        /// connection's own: the answer goes back in it.
+        session: Option<Arc<str>>,
     },
     /// A notification.
     Notification {
@@ -333,6 +336,13 @@ impl Router {
     /// One message the server sent (a stdio line, an HTTP body or SSE
     /// event): an answer, a request or a notification.
     pub(crate) fn on_message(&self, line: &[u8]) {
+        self.on_message_in(line, None);
+    }
+
+    /// [`Router::on_message`] for a message that came in the server
+    /// session `session` (HTTP: the answer stream of a request sent in a
+    /// session of an earlier connection; None: this connection's).
+    pub(crate) fn on_message_in(&self, line: &[u8], session: Option<Arc<str>>) {
         if line.iter().all(u8::is_ascii_whitespace) {
             return;
         }
@@ -340,7 +350,12 @@ impl Router {
             Ok(Incoming::Response { id, body }) => self.on_response(id, body),
             Ok(Incoming::Request { id, method, params }) => {
                 let params = params.unwrap_or_else(|| json!({}));
-                let _ = self.inbound.send(Inbound::Request { id, method, params });
+                let _ = self.inbound.send(Inbound::Request {
+                    id,
+                    method,
+                    params,
+                    session,
+                });
             }
             Ok(Incoming::Notification { method, params }) => {
                 let params = params.unwrap_or_else(|| json!({}));

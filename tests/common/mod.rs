@@ -1176,3 +1176,86 @@ impl Drop for EverythingHttp {
         let _ = self.child.wait();
     }
 }
+
+/// The MCP 2026-07-28 server of tests/interop/python2/upstream_server.py
+/// (FastMCP 4.1 on the Python SDK 2.3, with the tasks extension) over
+/// Streamable HTTP on a free loopback port, started with the venv that
+/// `python3 -m venv .cache/venv-interop2 && pip install -r
+/// tests/interop/python2/requirements.txt` makes (CI and `scripts/interop`
+/// make it); killed when dropped. `RUN_LOG` and `STEP_LOG` are files in
+/// `dir` the server appends to (see the script).
+pub struct Python2026 {
+    child: Child,
+    /// Its MCP endpoint.
+    pub url: String,
+    /// One line per run of its `long_task`.
+    pub run_log: PathBuf,
+    /// One line per step of its `slow`.
+    pub step_log: PathBuf,
+}
+
+impl Python2026 {
+    /// Start it and wait until it accepts connections; None (the test is
+    /// skipped, one line on stderr) without the venv, unless
+    /// `TASKBROKER_REQUIRE_UPSTREAMS` is set.
+    pub fn start(dir: &Path) -> Option<Self> {
+        let root = Path::new(env!("CARGO_MANIFEST_DIR"));
+        let python = root.join(".cache/venv-interop2/bin/python");
+        let script = root.join("tests/interop/python2/upstream_server.py");
+        if !python.exists() {
+            let why = "no .cache/venv-interop2 (python3 -m venv .cache/venv-interop2, then pip install -r tests/interop/python2/requirements.txt)";
+            if std::env::var_os("TASKBROKER_REQUIRE_UPSTREAMS").is_some() {
+                panic!("upstream servers are required (TASKBROKER_REQUIRE_UPSTREAMS) but {why}");
+            }
+            eprintln!("skipping the upstream test: {why}");
+            return None;
+        }
+        let port = std::net::TcpListener::bind("127.0.0.1:0")
+            .unwrap()
+            .local_addr()
+            .unwrap()
+            .port();
+        let run_log = dir.join("runs.log");
+        let step_log = dir.join("steps.log");
+        let child = Command::new(&python)
+            .arg(&script)
+            .arg(port.to_string())
+            .env("RUN_LOG", &run_log)
+            .env("STEP_LOG", &step_log)
+            .stdin(Stdio::null())
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .spawn()
+            .unwrap();
+        let deadline = Instant::now() + Duration::from_secs(60);
+        while std::net::TcpStream::connect(("127.0.0.1", port)).is_err() {
+            assert!(
+                Instant::now() < deadline,
+                "the Python 2026 server did not listen"
+            );
+            std::thread::sleep(Duration::from_millis(100));
+        }
+        Some(Self {
+            child,
+            url: format!("http://127.0.0.1:{port}/mcp"),
+            run_log,
+            step_log,
+        })
+    }
+
+    /// The lines of one of its logs (none when it does not exist yet).
+    pub fn lines(path: &Path) -> Vec<String> {
+        std::fs::read_to_string(path)
+            .unwrap_or_default()
+            .lines()
+            .map(str::to_owned)
+            .collect()
+    }
+}
+
+impl Drop for Python2026 {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
