@@ -1550,3 +1550,55 @@ async fn a_2026_upstream_announces_its_tools_and_the_protocol_setting_is_honoure
         assert!(echo.to_string().contains("still serving"), "{echo}");
     }
 }
+
+/// Issue 25 "two upstreams with colliding names": the first declared wins
+/// a name even when it comes up later. Here `first` is down at start, so
+/// `second` serves `get-sum`; once `first` is up it takes the name, and
+/// `second`'s row in `upstreams` no longer lists it as served (operators
+/// read that column with `taskbroker upstreams` and the console).
+#[tokio::test]
+async fn a_name_taken_by_an_earlier_upstream_coming_up_later_leaves_the_later_ones_served_list() {
+    let Some(script) = server_everything() else {
+        return;
+    };
+    let dir = tempfile::tempdir().unwrap();
+    let gate = dir.path().join("up");
+    let config = format!(
+        "[[upstream]]\nname = \"first\"\ninclude = [\"get-sum\"]\n\
+         command = [\"sh\", \"-c\", \"test -e '{gate}' || exit 4; exec node '{script}' stdio\"]\n\
+         [[upstream]]\nname = \"second\"\ninclude = [\"get-sum\", \"echo\"]\n\
+         command = [\"node\", \"{script}\", \"stdio\"]\n",
+        gate = gate.display(),
+        script = script.display()
+    );
+    let server = Server::start_with_config(&config, &["--no-demo-tools"]);
+    wait_upstream_state(&server, "second", "ready", Duration::from_secs(20)).await;
+    let served = |row: (String, Option<String>, i64, Option<String>)| -> Vec<String> {
+        let mut names: Vec<String> =
+            serde_json::from_str(&row.3.unwrap_or_else(|| "[]".to_owned())).unwrap();
+        names.sort();
+        names
+    };
+    let deadline = Instant::now() + Duration::from_secs(20);
+    while served(upstream_row(&server, "second").await) != ["echo", "get-sum"] {
+        assert!(Instant::now() < deadline, "{}", server.log());
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+
+    std::fs::write(&gate, "").unwrap();
+    wait_upstream_state(&server, "first", "ready", Duration::from_secs(20)).await;
+    let deadline = Instant::now() + Duration::from_secs(20);
+    loop {
+        let first = served(upstream_row(&server, "first").await);
+        let second = served(upstream_row(&server, "second").await);
+        if first == ["get-sum"] && second == ["echo"] {
+            break;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "first {first:?}, second {second:?}: {}",
+            server.log()
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+}

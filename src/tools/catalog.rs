@@ -106,6 +106,21 @@ impl ToolCatalog {
         groups.refused.get(group).cloned().unwrap_or_default()
     }
 
+    /// The names served now of `group`'s tools (those of its last list
+    /// that no earlier source took, with a valid schema), in its order.
+    pub fn served(&self, group: &str) -> Vec<String> {
+        let groups = self.groups.lock().unwrap_or_else(PoisonError::into_inner);
+        let refused = groups.refused.get(group);
+        groups
+            .tools
+            .get(group)
+            .into_iter()
+            .flatten()
+            .map(|t| t.definition().name.clone())
+            .filter(|name| refused.is_none_or(|r| !r.iter().any(|r| &r.tool == name)))
+            .collect()
+    }
+
     /// Changes each time the served list changes.
     pub fn changed(&self) -> watch::Receiver<u64> {
         self.changed.subscribe()

@@ -62,8 +62,9 @@ pub struct LinkStatus {
     pub last_error: Option<String>,
     /// Connections started again after the first.
     pub restarts: u64,
-    /// Tools served from it.
-    pub tools: usize,
+    /// The names its tools are served under (those no earlier source
+    /// took).
+    pub served: Vec<String>,
     /// Its tools that cannot be served as listed, and why (those that lose
     /// to another source's are the catalog's to say).
     pub unusable: Vec<Refused>,
@@ -95,7 +96,7 @@ impl Link {
                 state: LinkState::Starting,
                 last_error: None,
                 restarts: 0,
-                tools: 0,
+                served: Vec::new(),
                 unusable: Vec::new(),
             }),
             in_flight: AtomicUsize::new(0),
@@ -207,7 +208,7 @@ impl Link {
                                "an upstream tool is not served");
             }
         }
-        status.tools = served.len();
+        status.served.clone_from(&served);
         status.unusable = unusable;
         served
     }
@@ -372,6 +373,41 @@ impl Drop for CallGuard {
     }
 }
 
+/// Keep each upstream's served names (its `upstreams` row, its status)
+/// current when another upstream changes them: an upstream declared
+/// earlier that comes up takes a name a later one served, and one that
+/// stops offering it gives it back. Until `shutdown`.
+async fn keep_served_current(
+    links: Vec<Arc<Link>>,
+    catalog: Arc<ToolCatalog>,
+    store: Store,
+    shutdown: CancellationToken,
+) {
+    let mut changed = catalog.changed();
+    loop {
+        tokio::select! {
+            () = shutdown.cancelled() => return,
+            next = changed.changed() => if next.is_err() { return },
+        }
+        for link in &links {
+            let served = catalog.served(link.name());
+            let moved = {
+                let mut status = link.status.lock().unwrap_or_else(PoisonError::into_inner);
+                let moved = status.served != served;
+                status.served.clone_from(&served);
+                moved
+            };
+            if moved
+                && let Err(e) = store
+                    .upstream_set_served(link.name(), &Value::from(served).to_string())
+                    .await
+            {
+                tracing::warn!(upstream = %link.name(), error = %e, "the tools served were not kept in the database");
+            }
+        }
+    }
+}
+
 /// The links, read by `/readyz`.
 #[derive(Debug)]
 struct LinkStates(Vec<Arc<Link>>);
@@ -433,6 +469,14 @@ impl Upstreams {
                 tx,
             )));
             links.push(link);
+        }
+        if links.len() > 1 {
+            tasks.push(tokio::spawn(keep_served_current(
+                links.clone(),
+                catalog.clone(),
+                store.clone(),
+                shutdown.clone(),
+            )));
         }
         let _ = tokio::time::timeout(first_wait, futures_util::future::join_all(firsts)).await;
         Self {

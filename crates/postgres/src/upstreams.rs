@@ -44,6 +44,18 @@ impl UpstreamStore for PostgresStore {
         Ok(())
     }
 
+    /// The names served changed; the kept tool list stays.
+    async fn upstream_set_served(&self, name: &str, served: &str) -> Result<(), StoreError> {
+        sqlx::query!(
+            "UPDATE upstreams SET served = $2 WHERE name = $1",
+            name,
+            served
+        )
+        .execute(&self.pool)
+        .await?;
+        Ok(())
+    }
+
     /// Record a state (and a restart); the kept tool list stays.
     async fn upstream_set_state(
         &self,

@@ -334,6 +334,10 @@ pub trait UpstreamStore {
         served: &str,
         now: i64,
     ) -> Result<(), StoreError>;
+    /// The names served of `name`'s tools changed (another upstream took
+    /// or gave back a name): `served`, JSON array text. The kept tool
+    /// list and when it was listed stay.
+    async fn upstream_set_served(&self, name: &str, served: &str) -> Result<(), StoreError>;
     /// `name`'s link entered `state` (`starting`, `ready`, `down`);
     /// `restarted` counts a restart.
     async fn upstream_set_state(
