@@ -85,6 +85,27 @@ async fn upstream_state_restarts_and_tools_are_kept(db: TestDb) {
 }
 store_test!(upstream_state_restarts_and_tools_are_kept);
 
+/// Issue 25 "colliding names": the names served change alone (another
+/// upstream took or gave back one); the kept list and when it was listed
+/// stay; an upstream with no row yet gets none.
+async fn upstream_served_names_change_alone(db: TestDb) {
+    db.store
+        .upstream_save_tools("b", r#"[{"name":"x"},{"name":"y"}]"#, r#"["x","y"]"#, T0)
+        .await
+        .unwrap();
+    db.store.upstream_set_served("b", r#"["y"]"#).await.unwrap();
+    db.store.upstream_set_served("nobody", "[]").await.unwrap();
+    let rows = db.store.upstreams_list().await.unwrap();
+    assert_eq!(rows.len(), 1, "{rows:?}");
+    assert_eq!(rows[0].served.as_deref(), Some(r#"["y"]"#));
+    assert_eq!(
+        rows[0].tools.as_deref(),
+        Some(r#"[{"name":"x"},{"name":"y"}]"#)
+    );
+    assert_eq!(rows[0].listed_at, Some(T0));
+}
+store_test!(upstream_served_names_change_alone);
+
 /// The database refuses what the store never writes: an unknown state and
 /// a tool list that is not JSON.
 async fn upstream_rows_hold_only_known_states_and_json(db: TestDb) {
