@@ -5,6 +5,7 @@
 
 pub mod cursor;
 mod feed;
+pub mod idempotency;
 pub mod keys;
 pub mod maintenance;
 mod open_tasks;
@@ -81,6 +82,9 @@ pub struct Caller<'a> {
     pub session_id: Option<&'a str>,
     /// The client capabilities the request itself declared (2026-07-28).
     pub client_capabilities: Option<&'a Value>,
+    /// The client's idempotency key for a task call
+    /// ([`idempotency::key_of`]).
+    pub idempotency_key: Option<&'a str>,
 }
 
 /// Why a task operation was refused.
@@ -316,6 +320,11 @@ impl Broker {
         let ttl_ms = self.effective_ttl(requested_ttl)?;
         let arguments = Value::Object(arguments);
         self.check_arguments_size(&arguments)?;
+        if let Some(key) = caller.idempotency_key
+            && let Some(row) = self.idempotent_task(owner, name, key, &arguments).await?
+        {
+            return Ok(task_from_row(&row));
+        }
         if !self.open_tasks.try_reserve(owner) {
             let open = self.store.task_count_open(owner).await?;
             if open >= self.config.max_open_tasks {
@@ -343,6 +352,7 @@ impl Broker {
             progress_token: progress_token.map(|t| t.to_string()),
             session_id: caller.session_id.map(str::to_owned),
             client_capabilities: caller.client_capabilities.map(Value::to_string),
+            idempotency_key: caller.idempotency_key.map(str::to_owned),
         };
         let job = refused.is_none().then_some(NewJob {
             max_attempts: tool.definition().max_attempts.max(1),
@@ -350,7 +360,19 @@ impl Broker {
         });
         // The writer hands the job to this process's pool, or wakes it, and
         // kicks the feed.
-        let row = self.writer.create(new, job, refused).await?;
+        let row = match self.writer.create(new, job, refused).await {
+            Ok(row) => row,
+            // Another request with the key created it first (here, or on
+            // another broker): that task is the answer.
+            Err(StoreError::IdempotencyKeyTaken) => {
+                let key = caller.idempotency_key.unwrap_or_default();
+                return match self.idempotent_task(owner, name, key, &arguments).await? {
+                    Some(row) => Ok(task_from_row(&row)),
+                    None => Err(StoreError::IdempotencyKeyTaken.into()),
+                };
+            }
+            Err(e) => return Err(e.into()),
+        };
         tracing::info!(task_id = %row.task_id, tool = name, ttl_ms, "task created");
         Ok(task_from_row(&row))
     }

@@ -15,6 +15,7 @@ use super::{
     CLIENT_NAME, CallArgs, DEFAULT_URL, EXIT_FAILURE, EXIT_INTERRUPTED, EXIT_OK, EXIT_UNREACHABLE,
     McpClient, McpError, Notification, Protocol,
 };
+use crate::mcp::IDEMPOTENCY_KEY_META;
 
 /// Run `taskbroker call`; returns the process exit code.
 pub async fn run(args: CallArgs) -> u8 {
@@ -103,7 +104,10 @@ async fn as_task(cli: &mut CliSession, args: &CallArgs, interrupt: &mut Interrup
     if let Some(ttl) = args.ttl {
         task_meta["ttl"] = json!(ttl);
     }
-    let params = json!({ "name": args.tool, "arguments": args.args, "task": task_meta });
+    let mut params = json!({ "name": args.tool, "arguments": args.args, "task": task_meta });
+    if let Some(key) = &args.idempotency_key {
+        params["_meta"] = json!({ IDEMPOTENCY_KEY_META: key });
+    }
     let created = match call_tool(cli, params, &mut |_| {}).await {
         Ok(r) => r,
         Err(e) => return fail_call(&cli.client, args, &e).await,

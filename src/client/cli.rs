@@ -83,6 +83,13 @@ pub struct CallArgs {
     /// Requested task lifetime in milliseconds (the server may clamp it).
     #[arg(long, value_name = "MS", requires = "task", value_parser = clap::value_parser!(u64).range(1..))]
     pub ttl: Option<u64>,
+    /// With --task: a key of yours for this call (up to 255 bytes). The
+    /// same call sent again with the same key (after a timeout, a dropped
+    /// connection) gets the task the first one made instead of running
+    /// the tool twice, while that task is kept; with other arguments it is
+    /// refused.
+    #[arg(long, value_name = "KEY", requires = "task")]
+    pub idempotency_key: Option<String>,
     /// Print the whole result as JSON instead of its text content.
     #[arg(long)]
     pub json: bool,

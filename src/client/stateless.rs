@@ -31,6 +31,7 @@ use super::{
     CLIENT_NAME, CallArgs, Connection, EXIT_FAILURE, EXIT_INTERRUPTED, EXIT_OK, EXIT_UNREACHABLE,
     EXIT_USAGE, McpError, TasksArgs, TasksCommand,
 };
+use crate::mcp::IDEMPOTENCY_KEY_META;
 use crate::mcp::RpcError;
 use crate::mcp::modern;
 
@@ -100,14 +101,19 @@ impl StatelessClient {
         {
             all.extend(task);
         }
-        params.insert(
-            "_meta".into(),
-            json!({
-                modern::META_PROTOCOL_VERSION: modern::VERSION,
-                modern::META_CLIENT_CAPABILITIES: capabilities,
-                modern::META_CLIENT_INFO: { "name": CLIENT_NAME, "version": env!("CARGO_PKG_VERSION") },
-            }),
+        // The envelope joins what the caller put in `_meta` (an
+        // idempotency key).
+        let mut meta = match params.remove("_meta") {
+            Some(Value::Object(meta)) => meta,
+            _ => serde_json::Map::new(),
+        };
+        meta.insert(modern::META_PROTOCOL_VERSION.into(), json!(modern::VERSION));
+        meta.insert(modern::META_CLIENT_CAPABILITIES.into(), capabilities);
+        meta.insert(
+            modern::META_CLIENT_INFO.into(),
+            json!({ "name": CLIENT_NAME, "version": env!("CARGO_PKG_VERSION") }),
         );
+        params.insert("_meta".into(), Value::Object(meta));
         let name = params
             .get("name")
             .or_else(|| params.get("taskId"))
@@ -211,7 +217,10 @@ pub async fn call(args: &CallArgs) -> u8 {
             modern::VERSION
         );
     }
-    let params = json!({ "name": args.tool, "arguments": args.args });
+    let mut params = json!({ "name": args.tool, "arguments": args.args });
+    if let Some(key) = &args.idempotency_key {
+        params["_meta"] = json!({ IDEMPOTENCY_KEY_META: key });
+    }
     let answer = tokio::select! {
         answer = call_answering(&client, params, args.task) => answer,
         _ = tokio::signal::ctrl_c() => {

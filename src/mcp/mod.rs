@@ -28,6 +28,9 @@ pub const DEFAULT_PROTOCOL_VERSION: &str = "2025-03-26";
 
 /// `_meta` key that ties a message to a task (T-16, T-28).
 pub const RELATED_TASK_META: &str = "io.modelcontextprotocol/related-task";
+/// `_meta` key of a task call that carries the client's idempotency key
+/// (taskbroker's own: a repeated call with it gets the same task).
+pub const IDEMPOTENCY_KEY_META: &str = "taskbroker/idempotencyKey";
 
 /// `{"io.modelcontextprotocol/related-task": {"taskId": ...}}`.
 pub fn related_task_meta(task_id: &str) -> serde_json::Value {

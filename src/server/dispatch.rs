@@ -104,6 +104,7 @@ async fn tools_call(
     id: &RequestId,
     params: Option<&Value>,
 ) -> Reply {
+    let meta = params.and_then(|p| p.get("_meta"));
     let params: CallToolParams = match parse_params("tools/call", params) {
         Ok(p) => p,
         Err(e) => return Reply::err(e),
@@ -113,12 +114,17 @@ async fn tools_call(
     let broker = &state.broker;
     if let Some(task) = params.task {
         let token = progress_token.map(|t| serde_json::to_value(t).unwrap_or(Value::Null));
+        let idempotency_key = match crate::broker::idempotency::key_of(meta) {
+            Ok(key) => key,
+            Err(e) => return Reply::err(e.to_rpc("create")),
+        };
         return match broker
             .tools_call_task(
                 &crate::broker::Caller {
                     owner: &session.owner(),
                     session_id: Some(&session.id),
                     client_capabilities: None,
+                    idempotency_key,
                 },
                 &params.name,
                 arguments,

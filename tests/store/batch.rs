@@ -211,3 +211,62 @@ async fn write_batch_claim_sees_jobs_created_in_the_same_batch(db: TestDb) {
     );
 }
 store_test!(write_batch_claim_sees_jobs_created_in_the_same_batch);
+
+/// Issue 27 item 1 (idempotent creation): a task's idempotency key is
+/// unique per owner and tool, in one batch and across batches: the second
+/// creation with it fails alone with `IdempotencyKeyTaken` (the broker then
+/// answers with the first task); another owner, another tool or no key
+/// never collide; `task_by_idempotency_key` finds the task.
+async fn idempotency_keys_are_unique_per_owner_and_tool(db: TestDb) {
+    let keyed = |id: &str, owner: &str, tool: &str, key: Option<&str>| NewTask {
+        tool: tool.to_owned(),
+        idempotency_key: key.map(str::to_owned),
+        ..new_task(id, owner)
+    };
+    let ops = vec![
+        create_op(keyed("a1", "alice", "echo", Some("k")), Some(JOB), None),
+        create_op(keyed("a2", "alice", "echo", Some("k")), Some(JOB), None),
+        create_op(keyed("b1", "bob", "echo", Some("k")), Some(JOB), None),
+        create_op(keyed("a3", "alice", "sleep", Some("k")), Some(JOB), None),
+        create_op(keyed("a4", "alice", "echo", None), Some(JOB), None),
+        create_op(keyed("a5", "alice", "echo", None), Some(JOB), None),
+    ];
+    let done: Vec<_> = db.store.write_batch(&ops, T0).await.unwrap();
+    let outcomes: Vec<_> = done.into_iter().map(created).collect();
+    assert!(outcomes[0].is_ok(), "{:?}", outcomes[0]);
+    assert!(
+        matches!(outcomes[1], Err(StoreError::IdempotencyKeyTaken)),
+        "{:?}",
+        outcomes[1]
+    );
+    for (i, o) in outcomes.iter().enumerate().skip(2) {
+        assert!(o.is_ok(), "write {i}: {o:?}");
+    }
+    // In a batch of its own too.
+    let again = vec![create_op(
+        keyed("a6", "alice", "echo", Some("k")),
+        Some(JOB),
+        None,
+    )];
+    let mut done = db.store.write_batch(&again, T0 + 1).await.unwrap();
+    assert!(matches!(
+        created(done.remove(0)),
+        Err(StoreError::IdempotencyKeyTaken)
+    ));
+    let found = db
+        .store
+        .task_by_idempotency_key("alice", "echo", "k")
+        .await
+        .unwrap()
+        .expect("the first task");
+    assert_eq!(found.task_id, "a1");
+    assert_eq!(found.arguments, r#"{"text":"hello"}"#);
+    assert!(
+        db.store
+            .task_by_idempotency_key("carol", "echo", "k")
+            .await
+            .unwrap()
+            .is_none()
+    );
+}
+store_test!(idempotency_keys_are_unique_per_owner_and_tool);

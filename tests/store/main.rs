@@ -400,6 +400,7 @@ fn new_task(task_id: &str, owner: &str) -> NewTask {
         progress_token: None,
         session_id: None,
         client_capabilities: None,
+        idempotency_key: None,
     }
 }
 

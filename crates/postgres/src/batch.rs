@@ -48,8 +48,8 @@ impl GroupCommit for PostgresStore {
         let seq = sqlx::query_scalar!(
             r#"INSERT INTO tasks (task_id, owner, tool, arguments, status, created_at, updated_at,
                               ttl_ms, expires_at, poll_interval_ms, progress_token, session_id,
-                              client_capabilities)
-           VALUES ($1, $2, $3, $4, 'working', $5, $5, $6, $7, $8, $9, $10, $11)
+                              client_capabilities, idempotency_key)
+           VALUES ($1, $2, $3, $4, 'working', $5, $5, $6, $7, $8, $9, $10, $11, $12)
            RETURNING seq"#,
             new.task_id,
             new.owner,
@@ -62,6 +62,7 @@ impl GroupCommit for PostgresStore {
             new.progress_token,
             new.session_id,
             new.client_capabilities,
+            new.idempotency_key,
         )
         .fetch_one(&mut *conn)
         .await?;
@@ -253,14 +254,14 @@ impl GroupCommit for PostgresStore {
             TaskText,
             r#"INSERT INTO tasks (task_id, owner, tool, arguments, status, created_at, updated_at,
                               ttl_ms, expires_at, poll_interval_ms, progress_token, session_id,
-                              client_capabilities)
+                              client_capabilities, idempotency_key)
            SELECT c.task_id, c.owner, c.tool, c.arguments, 'working', $1, $1, c.ttl_ms,
                   c.expires_at, c.poll_interval_ms, c.progress_token, c.session_id,
-                  c.client_capabilities
+                  c.client_capabilities, c.idempotency_key
              FROM jsonb_to_recordset($2::jsonb)
                   AS c(task_id text, owner text, tool text, arguments text, ttl_ms bigint,
                        expires_at bigint, poll_interval_ms bigint, progress_token text,
-                       session_id text, client_capabilities text)
+                       session_id text, client_capabilities text, idempotency_key text)
            RETURNING seq, task_id, owner, tool, arguments, status, status_message, created_at,
                      updated_at, ttl_ms, expires_at, poll_interval_ms, progress_token, result,
                      result_kind, tool_error"#,

@@ -42,8 +42,8 @@ impl GroupCommit for SqliteStore {
         let seq = sqlx::query_scalar!(
             r#"INSERT INTO tasks (task_id, owner, tool, arguments, status, created_at, updated_at,
                               ttl_ms, expires_at, poll_interval_ms, progress_token, session_id,
-                              client_capabilities)
-           VALUES (?, ?, ?, ?, 'working', ?, ?, ?, ?, ?, ?, ?, ?)
+                              client_capabilities, idempotency_key)
+           VALUES (?, ?, ?, ?, 'working', ?, ?, ?, ?, ?, ?, ?, ?, ?)
            RETURNING seq"#,
             new.task_id,
             new.owner,
@@ -57,6 +57,7 @@ impl GroupCommit for SqliteStore {
             new.progress_token,
             new.session_id,
             new.client_capabilities,
+            new.idempotency_key,
         )
         .fetch_one(&mut *conn)
         .await?;
@@ -221,11 +222,11 @@ impl GroupCommit for SqliteStore {
             TaskText,
             r#"INSERT INTO tasks (task_id, owner, tool, arguments, status, created_at, updated_at,
                               ttl_ms, expires_at, poll_interval_ms, progress_token, session_id,
-                              client_capabilities)
+                              client_capabilities, idempotency_key)
            SELECT value ->> 'task_id', value ->> 'owner', value ->> 'tool', value ->> 'arguments',
                   'working', ?1, ?1, value ->> 'ttl_ms', value ->> 'expires_at',
                   value ->> 'poll_interval_ms', value ->> 'progress_token', value ->> 'session_id',
-                  value ->> 'client_capabilities'
+                  value ->> 'client_capabilities', value ->> 'idempotency_key'
              FROM json_each(?2) ORDER BY key
            RETURNING seq AS "seq!", task_id AS "task_id!", owner AS "owner!", tool AS "tool!",
                      arguments AS "arguments!", status AS "status!",

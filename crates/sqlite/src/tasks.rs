@@ -16,6 +16,30 @@ impl TaskStore for SqliteStore {
         task_by_id(&mut conn, task_id).await
     }
 
+    /// The task of an idempotency key (the unique index finds it).
+    async fn task_by_idempotency_key(
+        &self,
+        owner: &str,
+        tool: &str,
+        key: &str,
+    ) -> Result<Option<TaskRow>, StoreError> {
+        let row = sqlx::query_as!(
+            TaskText,
+            r#"SELECT s.seq AS "seq!", s.task_id, s.owner, s.tool, s.arguments, s.status,
+                      s.status_message, s.created_at, s.updated_at, s.ttl_ms, s.expires_at,
+                      s.poll_interval_ms, s.progress_token, s.result, s.result_kind,
+                      s.tool_error AS "tool_error!: bool"
+                 FROM tasks t JOIN tasks_as_served s ON s.seq = t.seq
+                WHERE t.owner = ? AND t.tool = ? AND t.idempotency_key = ?"#,
+            owner,
+            tool,
+            key
+        )
+        .fetch_optional(&self.read)
+        .await?;
+        row.map(TaskRow::try_from).transpose()
+    }
+
     /// A page of `owner`'s unexpired tasks, newest first, strictly older than
     /// `before_seq` when given. Keyset pagination: cost does not grow with
     /// the page number.

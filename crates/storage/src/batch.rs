@@ -310,6 +310,7 @@ pub fn new_tasks_json(items: &[(&NewTask, NewJob)], now: i64) -> Value {
                 "progress_token": t.progress_token,
                 "session_id": t.session_id,
                 "client_capabilities": t.client_capabilities,
+                "idempotency_key": t.idempotency_key,
             })
         })
         .collect()

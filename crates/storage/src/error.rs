@@ -28,6 +28,11 @@ pub enum StoreError {
     /// so a process that may wait for one (a worker) does.
     #[error("{0}")]
     NotMigrated(String),
+    /// A task with this idempotency key exists already for the same owner
+    /// and tool (another request, maybe on another broker, created it
+    /// first).
+    #[error("a task with this idempotency key exists")]
+    IdempotencyKeyTaken,
     /// The database cannot be used at all: a path that names a directory,
     /// a file that is not a database, a server that refuses us...
     #[error("database {path}: {reason}")]
@@ -58,6 +63,13 @@ impl StoreError {
 #[cfg(feature = "sqlx")]
 impl From<sqlx::Error> for StoreError {
     fn from(error: sqlx::Error) -> Self {
+        if let Some(db) = error.as_database_error()
+            && db.is_unique_violation()
+            && (db.constraint() == Some("tasks_idempotency_key")
+                || db.message().contains("tasks.idempotency_key"))
+        {
+            return Self::IdempotencyKeyTaken;
+        }
         Self::Db(Box::new(error))
     }
 }

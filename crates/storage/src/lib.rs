@@ -214,6 +214,14 @@ pub trait ChangeFeed: Send {
 pub trait TaskStore {
     /// One task by id, whoever owns it (the caller checks ownership).
     async fn task_get(&self, task_id: &str) -> Result<Option<TaskRow>, StoreError>;
+    /// The task `owner` created for `tool` with the idempotency key `key`,
+    /// if it is still kept (expired or not).
+    async fn task_by_idempotency_key(
+        &self,
+        owner: &str,
+        tool: &str,
+        key: &str,
+    ) -> Result<Option<TaskRow>, StoreError>;
     /// A page of `owner`'s unexpired tasks, newest first, before `before_seq`.
     async fn task_list_page(
         &self,

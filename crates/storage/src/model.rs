@@ -165,6 +165,10 @@ pub struct NewTask {
     /// The client capabilities (JSON text) the creating request declared,
     /// for requests without a session (2026-07-28).
     pub client_capabilities: Option<String>,
+    /// The client's idempotency key: unique per owner and tool while the
+    /// task is kept (a second creation with it fails with
+    /// [`StoreError::Duplicate`](crate::StoreError::Duplicate)).
+    pub idempotency_key: Option<String>,
 }
 
 /// The job that runs a new task.

@@ -182,10 +182,14 @@ async fn create_task(
             "Invalid params: arguments must be an object",
         )));
     };
+    let idempotency_key =
+        crate::broker::idempotency::key_of(request.params.and_then(|p| p.get("_meta")))
+            .map_err(|e| Refusal::rpc(e.to_rpc("create")))?;
     let caller = Caller {
         owner: &request.owner,
         session_id: None,
         client_capabilities: Some(&request.envelope.capabilities),
+        idempotency_key,
     };
     match state
         .broker
