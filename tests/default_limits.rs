@@ -371,6 +371,11 @@ async fn issue13_low_rate_refuses_a_runaway_session_but_not_its_neighbour() {
         .unwrap();
     assert!((1..=2).contains(&retry), "Retry-After: {retry}");
     let body: Value = serde_json::from_str(&answer.body).unwrap();
+    assert_eq!(
+        body["error"]["data"]["retryAfter"],
+        json!(retry),
+        "issue 27 item 6: the same in the error's data: {body}"
+    );
     let message = body["error"]["message"].as_str().unwrap();
     assert!(
         message.starts_with("Too Many Requests") && message.contains("per session"),
@@ -383,6 +388,37 @@ async fn issue13_low_rate_refuses_a_runaway_session_but_not_its_neighbour() {
             json!({})
         );
     }
+}
+
+/// Issue 27 item 6 (back-pressure that says when), T-38: a call refused by
+/// the open-task limit says when to come back, in the JSON-RPC error's
+/// data (`retryAfter`, seconds: the suggested poll interval, since tasks
+/// end at their own pace) and in `Retry-After`; the answer stays HTTP 200
+/// (a JSON-RPC error, as MCP clients read it).
+#[tokio::test]
+async fn issue27_the_open_task_limit_says_when_to_come_back() {
+    let server = Server::start(&["--max-open-tasks", "2"]);
+    let session = Session::open(&server.url).await;
+    let call = json!({ "name": "sleep", "arguments": { "seconds": 30 }, "task": {} });
+    for _ in 0..2 {
+        session
+            .send("tools/call", call.clone())
+            .await
+            .result("under the limit");
+    }
+    let refused = session.send("tools/call", call).await;
+    assert_eq!(refused.status, 200, "{}", refused.body);
+    let body: Value = serde_json::from_str(&refused.body).unwrap();
+    assert_eq!(body["error"]["code"], -32000, "{body}");
+    assert!(
+        body["error"]["message"]
+            .as_str()
+            .unwrap()
+            .starts_with("Too many open tasks"),
+        "{body}"
+    );
+    assert_eq!(body["error"]["data"]["retryAfter"], 1, "{body}");
+    assert_eq!(refused.retry_after.as_deref(), Some("1"));
 }
 
 /// Issue 13: initialize (no session yet) is limited per client address by

@@ -121,9 +121,9 @@ pub enum BrokerError {
     /// The process is stopping: the change feed closed under a waiter.
     #[error("the broker is shutting down")]
     ShuttingDown,
-    /// A limit of the broker (T-38).
+    /// A limit of the broker (T-38), and when to try again.
     #[error("{0}")]
-    Limit(String),
+    Limit(String, Duration),
     /// The database failed.
     #[error(transparent)]
     Store(#[from] StoreError),
@@ -328,11 +328,16 @@ impl Broker {
         if !self.open_tasks.try_reserve(owner) {
             let open = self.store.task_count_open(owner).await?;
             if open >= self.config.max_open_tasks {
-                return Err(BrokerError::Limit(format!(
-                    "Too many open tasks: {open} working or input_required, the limit per requestor is {} \
-                     (max_open_tasks); wait for some to finish or cancel them",
-                    self.config.max_open_tasks
-                )));
+                // Tasks end at their own pace: look again after a poll
+                // interval, as for a task's status.
+                return Err(BrokerError::Limit(
+                    format!(
+                        "Too many open tasks: {open} working or input_required, the limit per requestor is {} \
+                         (max_open_tasks); wait for some to finish or cancel them",
+                        self.config.max_open_tasks
+                    ),
+                    Duration::from_millis(self.config.poll_interval_ms.max(0).unsigned_abs()),
+                ));
             }
             self.open_tasks.reserve_counted(owner, open);
         }

@@ -7,7 +7,7 @@
 use std::net::{IpAddr, SocketAddr};
 
 use axum::extract::{ConnectInfo, Request, State};
-use axum::http::{HeaderMap, HeaderValue, StatusCode, header};
+use axum::http::{HeaderMap, StatusCode, header};
 use axum::middleware::Next;
 use axum::response::Response;
 
@@ -15,8 +15,9 @@ use super::AppState;
 use super::auth::{self, AuthError, Principal};
 use super::limits::Requestor;
 use super::origin as origins;
-use super::responses::{header_str, http_error, unauthorized};
+use super::responses::{header_str, http_error, json_response, unauthorized};
 use crate::mcp::SESSION_HEADER;
+use serde_json::json;
 
 /// Who sent a request, as [`authenticate`] found: its token's principal,
 /// or none when the broker has no tokens.
@@ -89,13 +90,16 @@ pub async fn rate(State(state): State<AppState>, request: Request, next: Next) -
     let address = client_address(&request);
     let who = requestor(&state, principal, request.headers(), address).await;
     if let Err(refused) = state.limiter.check(who) {
-        let mut r = http_error(StatusCode::TOO_MANY_REQUESTS, -32000, &refused.message);
-        let secs = refused.wait.as_secs().max(1).to_string();
-        if let Ok(v) = HeaderValue::from_str(&secs) {
-            r.headers_mut().insert(header::RETRY_AFTER, v);
-        }
+        // When to come back, in the error's data and (from it) in
+        // Retry-After.
+        let secs = refused.wait.as_secs().max(1);
+        let body = json!({
+            "jsonrpc": "2.0",
+            "id": null,
+            "error": { "code": -32000, "message": refused.message, "data": { "retryAfter": secs } },
+        });
         tracing::warn!(target: "audit", requestor = %who, "rate limit hit");
-        return r;
+        return json_response(StatusCode::TOO_MANY_REQUESTS, &body);
     }
     next.run(request).await
 }

@@ -2,6 +2,8 @@
 //! the broker says what is wrong in domain terms, the wire shape is ours.
 
 use crate::broker::BrokerError;
+use serde_json::json;
+
 use crate::mcp::{ErrorCode, RpcError};
 
 /// A refusal that has a JSON-RPC form.
@@ -26,7 +28,12 @@ impl RpcRefusal for BrokerError {
             BrokerError::TaskForbidden(_) | BrokerError::TaskRequired(_) => {
                 RpcError::new(ErrorCode::MethodNotFound, self.to_string())
             }
-            BrokerError::Limit(_) => RpcError::new(ErrorCode::Other(-32000), self.to_string()),
+            // When to come back: in the data, and (see `json_response`)
+            // in Retry-After.
+            BrokerError::Limit(_, after) => {
+                RpcError::new(ErrorCode::Other(-32000), self.to_string())
+                    .with_data(json!({ "retryAfter": after.as_secs_f64().ceil().max(1.0) as u64 }))
+            }
             BrokerError::Store(_) | BrokerError::ShuttingDown => RpcError::internal(),
         }
     }

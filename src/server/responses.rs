@@ -19,14 +19,25 @@ pub(super) fn http_error(status: StatusCode, code: i64, message: &str) -> Respon
         .into_response()
 }
 
-/// A JSON body with `status`.
+/// A JSON body with `status`. An error that says when to come back
+/// (`error.data.retryAfter`, seconds: a limit was hit) also says it in
+/// `Retry-After`, for HTTP clients and proxies that read only headers.
 pub(super) fn json_response(status: StatusCode, body: &Value) -> Response {
-    (
+    let mut response = (
         status,
         [(header::CONTENT_TYPE, "application/json")],
         body.to_string(),
     )
-        .into_response()
+        .into_response();
+    if let Some(secs) = body
+        .pointer("/error/data/retryAfter")
+        .and_then(Value::as_u64)
+    {
+        response
+            .headers_mut()
+            .insert(header::RETRY_AFTER, HeaderValue::from(secs));
+    }
+    response
 }
 
 /// A header's value, when it is text.

@@ -19,13 +19,14 @@ mod tasks;
 
 use std::time::Instant;
 
-use axum::http::{HeaderMap, StatusCode, header};
-use axum::response::{IntoResponse, Response};
+use axum::http::{HeaderMap, StatusCode};
+use axum::response::Response;
 use serde_json::{Value, json};
 
 use super::auth::Principal;
 use super::limits::hold_while_streaming;
 use super::reply::StreamItem;
+use super::responses::json_response;
 use super::{AppState, sse};
 use crate::broker::Owner;
 use crate::mcp::modern::{self, Envelope};
@@ -307,15 +308,6 @@ fn tools_list(state: &AppState, request: &Request<'_>) -> Result<Value, Refusal>
 fn error_response(id: &RequestId, refusal: Refusal) -> Response {
     let body = json!({ "jsonrpc": "2.0", "id": id.0, "error": refusal.error.to_json() });
     json_response(refusal.status, &body)
-}
-
-fn json_response(status: StatusCode, body: &Value) -> Response {
-    (
-        status,
-        [(header::CONTENT_TYPE, "application/json")],
-        body.to_string(),
-    )
-        .into_response()
 }
 
 /// Answer now as JSON; a call still running answers as JSON when it ends
