@@ -92,7 +92,7 @@ pub async fn rate(State(state): State<AppState>, request: Request, next: Next) -
     if let Err(refused) = state.limiter.check(who) {
         // When to come back, in the error's data and (from it) in
         // Retry-After.
-        let secs = refused.wait.as_secs().max(1);
+        let secs = refused.wait.as_secs_f64().ceil().max(1.0) as u64;
         let body = json!({
             "jsonrpc": "2.0",
             "id": null,

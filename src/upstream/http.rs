@@ -21,6 +21,7 @@
 //! name the URL only.
 
 use std::collections::{BTreeMap, HashMap};
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex, PoisonError};
 use std::time::Duration;
 
@@ -109,6 +110,8 @@ struct Poster {
     /// 2026-07-28 requests whose answer is being read, by id: cancelled
     /// to close the stream.
     stateless_open: Mutex<HashMap<u64, CancellationToken>>,
+    /// Whether a 2026-07-28 request was sent on this connection.
+    stateless_used: AtomicBool,
 }
 
 /// Open the connection: nothing is sent until the session's first
@@ -154,8 +157,9 @@ pub(crate) fn start(
         session: wiring.session_id,
         router: wiring.router,
         stateless_open: Mutex::new(HashMap::new()),
+        stateless_used: AtomicBool::new(false),
     });
-    tokio::spawn(send_all(poster.clone(), wiring.outgoing));
+    tokio::spawn(send_all(poster.clone(), wiring.outgoing, wiring.dropped));
     tracing::info!(upstream = %upstream, url = %spec.url, "upstream connecting over HTTP");
     Ok((conn, inbound))
 }
@@ -165,15 +169,37 @@ pub(crate) fn start(
 /// server session is not ended (no DELETE) when the connection is dropped:
 /// tasks created in it may still be followed by a later run, possibly of
 /// another broker process; the server expires it.
-async fn send_all(poster: Arc<Poster>, mut outgoing: mpsc::UnboundedReceiver<Outbound>) {
-    while let Some(message) = outgoing.recv().await {
-        if let Some(stream) = poster.stateless_cancel(&message.body) {
-            stream.cancel();
+async fn send_all(
+    poster: Arc<Poster>,
+    mut outgoing: mpsc::UnboundedReceiver<Outbound>,
+    dropped: CancellationToken,
+) {
+    loop {
+        let message = tokio::select! {
+            message = outgoing.recv() => message,
+            () = dropped.cancelled() => None,
+        };
+        let Some(message) = message else { break };
+        if poster.is_stateless_cancel(&message.body) {
             continue;
         }
-        let request = poster.request(message);
-        let poster = poster.clone();
-        tokio::spawn(poster.exchange(request));
+        let post = poster.request(message);
+        // A 2026-07-28 request's stop is registered before its POST
+        // starts, so a cancel queued right behind it finds it.
+        let stop = match (&post.stateless, post.request_id) {
+            (Some(_), Some(id)) => {
+                poster.stateless_used.store(true, Ordering::Relaxed);
+                let token = CancellationToken::new();
+                poster
+                    .stateless_open
+                    .lock()
+                    .unwrap_or_else(PoisonError::into_inner)
+                    .insert(id, token.clone());
+                Some((id, token))
+            }
+            _ => None,
+        };
+        tokio::spawn(poster.clone().exchange(post, stop));
     }
     // The connection was dropped: its GET stream ends too.
     poster.router.close(Arc::from("the session ended"));
@@ -239,38 +265,37 @@ impl Poster {
         }
     }
 
-    /// The request a `notifications/cancelled` names, if its answer is
-    /// being read now from a 2026-07-28 stream (closing that stream is how
-    /// that revision cancels; the notification itself is not sent).
-    fn stateless_cancel(&self, body: &str) -> Option<CancellationToken> {
-        if !body.contains("notifications/cancelled") {
-            return None;
+    /// Whether `body` is a `notifications/cancelled` on a 2026-07-28
+    /// connection: the request's stream, if still open, is closed instead
+    /// (how that revision cancels), and the notification is not sent (a
+    /// late one, for a request already answered, too).
+    fn is_stateless_cancel(&self, body: &str) -> bool {
+        if !body.contains("notifications/cancelled") || !self.stateless_used.load(Ordering::Relaxed)
+        {
+            return false;
         }
-        let message: Value = serde_json::from_str(body).ok()?;
-        if message.get("method")?.as_str()? != "notifications/cancelled" {
-            return None;
+        let Ok(message) = serde_json::from_str::<Value>(body) else {
+            return false;
+        };
+        if message.get("method").and_then(Value::as_str) != Some("notifications/cancelled") {
+            return false;
         }
-        let id = message.get("params")?.get("requestId")?.as_u64()?;
-        self.stateless_open
-            .lock()
-            .unwrap_or_else(PoisonError::into_inner)
-            .remove(&id)
+        let id = message.pointer("/params/requestId").and_then(Value::as_u64);
+        let stream = id.and_then(|id| {
+            self.stateless_open
+                .lock()
+                .unwrap_or_else(PoisonError::into_inner)
+                .remove(&id)
+        });
+        if let Some(stream) = stream {
+            stream.cancel();
+        }
+        true
     }
 
     /// POST one message and route what comes back; a 2026-07-28 request's
-    /// exchange ends (its stream closed) when the request is cancelled.
-    async fn exchange(self: Arc<Self>, post: Post) {
-        let stop = match (&post.stateless, post.request_id) {
-            (Some(_), Some(id)) => {
-                let token = CancellationToken::new();
-                self.stateless_open
-                    .lock()
-                    .unwrap_or_else(PoisonError::into_inner)
-                    .insert(id, token.clone());
-                Some((id, token))
-            }
-            _ => None,
-        };
+    /// exchange ends (its stream closed) when `stop` is cancelled.
+    async fn exchange(self: Arc<Self>, post: Post, stop: Option<(u64, CancellationToken)>) {
         match &stop {
             Some((_, token)) => {
                 tokio::select! {
@@ -392,11 +417,20 @@ impl Poster {
                     }
                 }
             }
+            self.unanswered(post.request_id, "the answer stream ended without an answer");
             return;
         }
         match response.bytes().await {
-            Ok(bytes) if bytes.iter().all(u8::is_ascii_whitespace) => {}
-            Ok(bytes) => self.router.on_message_in(&bytes, post.session.clone()),
+            Ok(bytes) if bytes.iter().all(u8::is_ascii_whitespace) => {
+                self.unanswered(
+                    post.request_id,
+                    "the server answered the request with no body",
+                );
+            }
+            Ok(bytes) => {
+                self.router.on_message_in(&bytes, post.session.clone());
+                self.unanswered(post.request_id, "the answer's body held no answer to it");
+            }
             Err(e) => {
                 if let Some(id) = post.request_id {
                     self.router.fail(
@@ -467,6 +501,15 @@ impl Poster {
                 () = tokio::time::sleep(LISTEN_RETRY) => {}
                 _ = closed.wait_for(Option::is_some) => return,
             }
+        }
+    }
+
+    /// A request whose POST was answered without its answer: it fails as
+    /// lost (the server closed the stream, a proxy cut it), so no caller
+    /// waits for ever. Nothing happens when the answer came.
+    fn unanswered(&self, request_id: Option<u64>, why: &str) {
+        if let Some(id) = request_id {
+            self.router.fail(id, self.lost(why.to_owned()));
         }
     }
 

@@ -380,10 +380,10 @@ impl Drop for CallGuard {
 async fn keep_served_current(
     links: Vec<Arc<Link>>,
     catalog: Arc<ToolCatalog>,
+    mut changed: watch::Receiver<u64>,
     store: Store,
     shutdown: CancellationToken,
 ) {
-    let mut changed = catalog.changed();
     loop {
         tokio::select! {
             () = shutdown.cancelled() => return,
@@ -456,6 +456,9 @@ impl Upstreams {
         let mut links = Vec::new();
         let mut tasks = Vec::new();
         let mut firsts = Vec::new();
+        // With two upstreams or more, one can take a name from another:
+        // subscribed before any starts, so no change is missed.
+        let served_changed = (specs.len() > 1).then(|| catalog.changed());
         for spec in specs {
             crate::metrics::get().zero_upstream(&spec.name);
             let link = Arc::new(Link::new(spec));
@@ -470,10 +473,11 @@ impl Upstreams {
             )));
             links.push(link);
         }
-        if links.len() > 1 {
+        if let Some(changed) = served_changed {
             tasks.push(tokio::spawn(keep_served_current(
                 links.clone(),
                 catalog.clone(),
+                changed,
                 store.clone(),
                 shutdown.clone(),
             )));

@@ -775,6 +775,11 @@ impl Session {
         cancel: &CancellationToken,
         in_session: Option<&str>,
     ) -> Result<Value, CallError> {
+        if cancel.is_cancelled() {
+            return Err(CallError::Cancelled {
+                upstream: self.inner.conn.upstream().clone(),
+            });
+        }
         let _route = {
             let mut routes = lock(&self.inner.routes);
             routes.next += 1;

@@ -29,7 +29,7 @@ use tokio_util::sync::CancellationToken;
 use super::session::{CallHandler, Era, ServerRequest, Session};
 use super::wire::Connection;
 use super::{CallError, StartError};
-use crate::mcp::{RpcError, modern};
+use crate::mcp::{ErrorCode, RpcError, modern};
 
 /// Rounds of input requests one call may take before it is given up (a
 /// server that asks forever must not hold a worker forever).
@@ -39,6 +39,9 @@ const INPUT_ROUNDS_MAX: usize = 32;
 const POLL_DEFAULT: Duration = Duration::from_millis(500);
 const POLL_MIN: Duration = Duration::from_millis(100);
 const POLL_MAX: Duration = Duration::from_secs(2);
+/// `tasks/get` failures in a row (timeouts, HTTP errors) before following
+/// an upstream task is given up.
+const POLL_FAILURES_MAX: u32 = 5;
 /// Wait before a `subscriptions/listen` stream that ended is opened again.
 const LISTEN_RETRY: Duration = Duration::from_secs(2);
 
@@ -82,6 +85,24 @@ pub(super) fn enveloped(params: Value, capabilities: &Value, tasks_extension: bo
         meta.insert(modern::META_LOG_LEVEL.to_owned(), json!("info"));
     }
     Value::Object(params)
+}
+
+/// The wait before the next `tasks/get` of `task`: its `pollIntervalMs`
+/// within [`POLL_MIN`]..[`POLL_MAX`], else [`POLL_DEFAULT`].
+fn poll_wait(task: &Value) -> Duration {
+    task.get("pollIntervalMs")
+        .and_then(Value::as_u64)
+        .map_or(POLL_DEFAULT, Duration::from_millis)
+        .clamp(POLL_MIN, POLL_MAX)
+}
+
+/// Whether `task` is still `input_required` with every one of `keys`.
+fn still_asks(task: &Value, keys: &[String]) -> bool {
+    task.get("status").and_then(Value::as_str) == Some("input_required")
+        && task
+            .get("inputRequests")
+            .and_then(Value::as_object)
+            .is_some_and(|asked| keys.iter().all(|k| asked.contains_key(k)))
 }
 
 impl Session {
@@ -192,8 +213,12 @@ impl Session {
     /// Follow an upstream task with `tasks/get` until it ends: its result
     /// when completed, its error when failed. Input requests it shows are
     /// asked of `handler` (each key once) and answered with `tasks/update`;
-    /// a new status message reaches `handler`. `cancel` ends the wait (the
-    /// task goes on: [`Session::task_cancel`] stops it).
+    /// while they wait for an answer the task is still polled, and a
+    /// question the task no longer asks (it ended, or went on) is
+    /// withdrawn. A new status message reaches `handler`. A `tasks/get`
+    /// that fails for a passing reason (a timeout, an HTTP error) is tried
+    /// again, up to [`POLL_FAILURES_MAX`] times in a row. `cancel` ends the
+    /// wait (the task goes on: [`Session::task_cancel`] stops it).
     pub(super) async fn poll_task(
         &self,
         task_id: &str,
@@ -203,76 +228,145 @@ impl Session {
         let mut answered: HashSet<String> = HashSet::new();
         let mut message: Option<String> = None;
         loop {
-            let task = self
-                .request("tasks/get", json!({ "taskId": task_id }))
-                .await?;
+            let task = self.get_task(task_id, cancel).await?;
             let said = task.get("statusMessage").and_then(Value::as_str);
             if said.is_some() && said != message.as_deref() {
                 message = said.map(str::to_owned);
                 handler.task_status(task.clone());
             }
-            match task.get("status").and_then(Value::as_str) {
-                Some("completed") => {
-                    return match task.get("result") {
-                        Some(result @ Value::Object(_)) => Ok(result.clone()),
-                        _ => {
-                            Err(self
-                                .malformed_answer("tasks/get", "a completed task without a result"))
+            if let Some(end) = self.task_end(task_id, &task) {
+                return end;
+            }
+            let wait = poll_wait(&task);
+            let asked = task.get("inputRequests").cloned().unwrap_or_default();
+            let new_keys: Vec<String> = asked
+                .as_object()
+                .map(|a| {
+                    a.keys()
+                        .filter(|k| !answered.contains(*k))
+                        .cloned()
+                        .collect()
+                })
+                .unwrap_or_default();
+            if task.get("status").and_then(Value::as_str) == Some("input_required")
+                && !new_keys.is_empty()
+            {
+                let questions = cancel.child_token();
+                let answers = {
+                    let asking =
+                        self.answer_input_requests(&asked, &answered, &handler, &questions);
+                    tokio::pin!(asking);
+                    loop {
+                        tokio::select! {
+                            answers = &mut asking => break answers,
+                            () = tokio::time::sleep(wait) => {
+                                let now = self.get_task(task_id, cancel).await?;
+                                let still_asked = still_asks(&now, &new_keys);
+                                if !still_asked {
+                                    // Withdrawn: the asking ends as cancelled.
+                                    questions.cancel();
+                                }
+                            }
                         }
-                    };
-                }
-                Some("failed") => {
-                    let error = task.get("error").map_or_else(
-                        || {
-                            RpcError::new(
-                                crate::mcp::ErrorCode::InternalError,
-                                format!("upstream task {task_id} failed"),
-                            )
-                        },
-                        RpcError::from_json,
-                    );
-                    return Err(CallError::Upstream {
-                        upstream: Arc::from(self.name()),
-                        error,
-                    });
-                }
-                Some("cancelled") => {
-                    return Err(CallError::Upstream {
-                        upstream: Arc::from(self.name()),
-                        error: RpcError::new(
-                            crate::mcp::ErrorCode::InternalError,
-                            format!("the upstream's task {task_id} was cancelled"),
-                        ),
-                    });
-                }
-                Some("input_required") => {
-                    let asked = task.get("inputRequests").cloned().unwrap_or_default();
-                    let responses = self
-                        .answer_input_requests(&asked, &answered, &handler, cancel)
-                        .await?;
-                    if !responses.is_empty() {
+                    }
+                };
+                match answers {
+                    Ok(responses) if !responses.is_empty() => {
                         answered.extend(responses.keys().cloned());
                         self.request(
                             "tasks/update",
                             json!({ "taskId": task_id, "inputResponses": responses }),
                         )
                         .await?;
-                        continue;
                     }
+                    Ok(_) => {}
+                    // The task stopped asking: read it again.
+                    Err(CallError::Cancelled { .. }) if !cancel.is_cancelled() => {}
+                    Err(e) => return Err(e),
                 }
-                _ => {}
+                continue;
             }
-            let wait = task
-                .get("pollIntervalMs")
-                .and_then(Value::as_u64)
-                .map_or(POLL_DEFAULT, Duration::from_millis)
-                .clamp(POLL_MIN, POLL_MAX);
             tokio::select! {
                 () = tokio::time::sleep(wait) => {}
                 () = cancel.cancelled() => {
                     return Err(CallError::Cancelled { upstream: Arc::from(self.name()) });
                 }
             }
+        }
+    }
+
+    /// `tasks/get`, cut short by `cancel`, tried again after a passing
+    /// failure (a timeout, an HTTP error); an error that says the task is
+    /// not there (-32602), or a lost connection, is final.
+    async fn get_task(
+        &self,
+        task_id: &str,
+        cancel: &CancellationToken,
+    ) -> Result<Value, CallError> {
+        let mut failures = 0;
+        loop {
+            let got = tokio::select! {
+                got = self.request("tasks/get", json!({ "taskId": task_id })) => got,
+                () = cancel.cancelled() => {
+                    return Err(CallError::Cancelled { upstream: Arc::from(self.name()) });
+                }
+            };
+            let passing = match &got {
+                Err(CallError::TimedOut { .. }) => true,
+                Err(CallError::Upstream { error, .. }) => !matches!(
+                    error.code,
+                    ErrorCode::InvalidParams
+                        | ErrorCode::MethodNotFound
+                        | ErrorCode::MissingCapability
+                        | ErrorCode::HeaderMismatch
+                ),
+                _ => false,
+            };
+            failures += 1;
+            if !passing || failures >= POLL_FAILURES_MAX {
+                return got;
+            }
+            if let Err(e) = &got {
+                tracing::warn!(upstream = %self.name(), upstream_task = %task_id, error = %e, failures,
+                               "tasks/get failed; asking again");
+            }
+            tokio::select! {
+                () = tokio::time::sleep(POLL_MAX * failures) => {}
+                () = cancel.cancelled() => {
+                    return Err(CallError::Cancelled { upstream: Arc::from(self.name()) });
+                }
+            }
+        }
+    }
+
+    /// How `task` ended, if it has: its result, or why there is none.
+    fn task_end(&self, task_id: &str, task: &Value) -> Option<Result<Value, CallError>> {
+        let upstream = || Arc::from(self.name());
+        match task.get("status").and_then(Value::as_str) {
+            Some("completed") => Some(match task.get("result") {
+                Some(result @ Value::Object(_)) => Ok(result.clone()),
+                _ => Err(self.malformed_answer("tasks/get", "a completed task without a result")),
+            }),
+            Some("failed") => Some(Err(CallError::Upstream {
+                upstream: upstream(),
+                error: task.get("error").map_or_else(
+                    || {
+                        RpcError::new(
+                            ErrorCode::InternalError,
+                            format!("upstream task {task_id} failed"),
+                        )
+                    },
+                    RpcError::from_json,
+                ),
+            })),
+            Some("cancelled") => Some(Err(CallError::Upstream {
+                upstream: upstream(),
+                error: RpcError::new(
+                    ErrorCode::InternalError,
+                    format!("the upstream's task {task_id} was cancelled"),
+                ),
+            })),
+            _ => None,
         }
     }
 
@@ -365,11 +459,20 @@ impl Session {
                     }
                 };
                 match rx.await {
-                    Ok(Err(CallError::Upstream { error, .. })) => {
+                    // It does not serve the method, or not with these
+                    // params: asking again would not change that.
+                    Ok(Err(CallError::Upstream { error, .. }))
+                        if matches!(
+                            error.code,
+                            ErrorCode::MethodNotFound | ErrorCode::InvalidParams
+                        ) =>
+                    {
                         tracing::info!(upstream = %upstream, error = %error.message,
                                        "the upstream refused subscriptions/listen: its tools are listed again only when it reconnects");
                         return;
                     }
+                    // Ended (a graceful end, a broken stream, a passing
+                    // HTTP error): opened again after a pause.
                     Ok(_) => {}
                     Err(_) => return,
                 }

@@ -12,6 +12,7 @@ use std::sync::{Arc, Mutex};
 
 use serde_json::{Value, json};
 use tokio::sync::{mpsc, oneshot, watch};
+use tokio_util::sync::CancellationToken;
 
 use super::{BadInputLog, CallError, quote};
 use crate::child_process::TiedGroup;
@@ -121,6 +122,8 @@ pub(crate) struct Connection {
     closed: watch::Receiver<Option<Arc<str>>>,
     /// Where bad input is logged.
     bad_input: Arc<BadInputLog>,
+    /// Cancelled on drop (see [`Wiring::dropped`]).
+    dropped: CancellationToken,
 }
 
 impl Connection {
@@ -138,6 +141,7 @@ impl Connection {
         let (inbound_tx, inbound_rx) = mpsc::unbounded_channel();
         let (closed_tx, closed) = watch::channel(None);
         let session_id = Arc::new(Mutex::new(None));
+        let dropped = CancellationToken::new();
         let router = Router {
             upstream: upstream.clone(),
             pending: pending.clone(),
@@ -154,6 +158,7 @@ impl Connection {
             session_id: session_id.clone(),
             closed,
             bad_input,
+            dropped: dropped.clone(),
         };
         (
             conn,
@@ -161,6 +166,7 @@ impl Connection {
                 outgoing: outgoing_rx,
                 router,
                 session_id,
+                dropped: dropped.clone(),
             },
             inbound_rx,
         )
@@ -277,6 +283,7 @@ impl Connection {
 
 impl Drop for Connection {
     fn drop(&mut self) {
+        self.dropped.cancel();
         if let Some(process) = &self.process {
             process
                 .group
@@ -296,6 +303,10 @@ pub(crate) struct Wiring {
     pub(crate) session_id: Arc<Mutex<Option<Arc<str>>>>,
     /// Where what the server sends goes.
     pub(crate) router: Router,
+    /// Cancelled when the [`Connection`] is dropped: the transport then
+    /// ends the connection (the session's dispatcher holds a writer handle
+    /// of its own, so the writer's queue alone never closes).
+    pub(crate) dropped: CancellationToken,
 }
 
 /// Routes what the server sends: answers to their requests, the rest to

@@ -167,7 +167,7 @@ pub struct NewTask {
     pub client_capabilities: Option<String>,
     /// The client's idempotency key: unique per owner and tool while the
     /// task is kept (a second creation with it fails with
-    /// [`StoreError::Duplicate`](crate::StoreError::Duplicate)).
+    /// [`StoreError::IdempotencyKeyTaken`](crate::StoreError::IdempotencyKeyTaken)).
     pub idempotency_key: Option<String>,
 }
 
