@@ -23,8 +23,15 @@ use super::sse::{KEEP_ALIVE, message_event, priming_event, sse_response};
 use serde_json::Value;
 use tokio::sync::Notify;
 
-/// How long a finished stream stays resumable.
-const KEEP_FINISHED: Duration = Duration::from_secs(300);
+/// How long a finished stream stays resumable: a client whose connection
+/// dropped comes back within seconds (`retry` is 1 s). Every plain call
+/// over SSE leaves one, so this bounds their memory: at 1,000 calls/s,
+/// about 60,000 streams.
+const KEEP_FINISHED: Duration = Duration::from_secs(60);
+/// How often expired streams are swept (on the next open after this).
+/// Sweeping on every open made each call scan every kept stream, so a
+/// busy broker slowed down with its own history.
+const SWEEP_EVERY: Duration = Duration::from_secs(1);
 /// How long an unfinished stream nobody reads is kept.
 const KEEP_IDLE: Duration = Duration::from_secs(3600);
 
@@ -95,6 +102,8 @@ impl Stream {
 #[derive(Debug)]
 pub struct Streams {
     streams: Mutex<HashMap<String, Arc<Stream>>>,
+    /// When expired streams were last swept.
+    swept: Mutex<Instant>,
     /// `retry` (ms) sent in priming events: how long a client waits before
     /// reconnecting when the server closes the connection.
     retry_ms: u64,
@@ -127,6 +136,7 @@ impl Streams {
     pub fn new(retry_ms: u64, keep_alive: Duration) -> Self {
         Self {
             streams: Mutex::new(HashMap::new()),
+            swept: Mutex::new(Instant::now()),
             retry_ms,
             keep_alive,
         }
@@ -149,7 +159,13 @@ impl Streams {
         });
         let now = Instant::now();
         let mut map = self.lock();
-        map.retain(|_, s| !s.expired(now));
+        {
+            let mut swept = self.swept.lock().unwrap_or_else(|p| p.into_inner());
+            if now.duration_since(*swept) >= SWEEP_EVERY {
+                *swept = now;
+                map.retain(|_, s| !s.expired(now));
+            }
+        }
         map.insert(stream.id.clone(), stream.clone());
         stream
     }
