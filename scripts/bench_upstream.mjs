@@ -4,6 +4,8 @@
 //
 //   direct NODE_SCRIPT    the official TypeScript SDK client over stdio to
 //                         the server itself (the baseline: no broker);
+//   direct URL            the same client over Streamable HTTP to the server
+//                         itself, when it serves that transport;
 //   plain URL             the same client over Streamable HTTP to a broker
 //                         that serves the server's tools (a plain call);
 //   task URL              a task-augmented call (MCP 2025-11-25) to the
@@ -26,6 +28,17 @@ const { values } = parseArgs({
     warmup: { type: "string", default: "100" },
   },
 });
+// undici (the SDK's fetch) warns at every request once 1,500 abort
+// listeners wait on a transport's one AbortSignal (they go when collected):
+// each kind of warning is said once.
+process.removeAllListeners("warning");
+const warned = new Set();
+process.on("warning", (w) => {
+  if (!warned.has(w.name)) {
+    warned.add(w.name);
+    console.error(`${w.name}: ${w.message} (said once)`);
+  }
+});
 const sdk = process.env.SDK_DIR;
 const { Client } = await import(`${sdk}/client/index.js`);
 const { StdioClientTransport } = await import(`${sdk}/client/stdio.js`);
@@ -41,16 +54,21 @@ let callOnce;
 let close = async () => {};
 if (mode === "direct" || mode === "plain") {
   const client = new Client({ name: "bench-upstream", version: "0" });
-  const transport =
-    mode === "direct"
-      ? new StdioClientTransport({ command: "node", args: [target], stderr: "ignore" })
-      : new StreamableHTTPClientTransport(new URL(target));
+  const http = mode === "plain" || /^https?:\/\//.test(target);
+  const transport = http
+    ? new StreamableHTTPClientTransport(new URL(target))
+    : new StdioClientTransport({ command: "node", args: [target], stderr: "ignore" });
   await client.connect(transport);
   callOnce = async () => {
     const r = await client.callTool({ name: tool, arguments: args });
     if (r.isError) throw new Error(JSON.stringify(r));
   };
-  close = () => client.close();
+  close = async () => {
+    // A server over HTTP keeps a session (and what it kept for it) until
+    // told to end it; the next run starts its own.
+    if (mode === "direct" && http) await transport.terminateSession().catch(() => {});
+    await client.close();
+  };
 } else if (mode === "task") {
   const headers = {
     "content-type": "application/json",
