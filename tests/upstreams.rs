@@ -1291,6 +1291,26 @@ async fn broker_2026(driver: Driver, url: &str, more: &str, flags: &[&str]) -> (
     (server, c)
 }
 
+/// The broker's log says the upstream is ready speaking `version`, and a
+/// plain call of its `add` answers.
+async fn speaks(server: &Server, c: &mut Client, version: &str) {
+    assert!(
+        server
+            .log()
+            .lines()
+            .any(|l| l.contains("upstream ready") && l.contains(version)),
+        "{}",
+        server.log()
+    );
+    let sum = c
+        .ok(
+            "tools/call",
+            json!({ "name": "py_add", "arguments": { "a": 2, "b": 3 } }),
+        )
+        .await;
+    assert_eq!(text_of(&sum), "The sum of 2 and 3 is 5.", "{sum}");
+}
+
 /// Issue 25 ("the protocol version to speak ... discover it when not
 /// given"; items 3-5 against a 2026-07-28 server): a server written with
 /// the Python SDK 2.3 (FastMCP 4.1 and its tasks extension) at a URL,
@@ -1311,22 +1331,7 @@ async fn a_2026_upstream_is_discovered_and_serves_calls_tasks_questions_and_canc
         return;
     };
     let (server, mut c) = broker_2026(driver, &upstream.url, "", &[]).await;
-    assert!(
-        server
-            .log()
-            .lines()
-            .any(|l| l.contains("upstream ready") && l.contains("2026-07-28")),
-        "{}",
-        server.log()
-    );
-
-    let sum = c
-        .ok(
-            "tools/call",
-            json!({ "name": "py_add", "arguments": { "a": 2, "b": 3 } }),
-        )
-        .await;
-    assert_eq!(text_of(&sum), "The sum of 2 and 3 is 5.", "{sum}");
+    speaks(&server, &mut c, "2026-07-28").await;
 
     // Progress and log lines of a plain upstream call, kept with the task:
     // each log line is the task's status message while it works.
@@ -1512,21 +1517,7 @@ async fn a_2026_upstream_announces_its_tools_and_the_protocol_setting_is_honoure
         &[],
     )
     .await;
-    assert!(
-        legacy
-            .log()
-            .lines()
-            .any(|l| l.contains("upstream ready") && l.contains("2025-11-25")),
-        "{}",
-        legacy.log()
-    );
-    let sum = c
-        .ok(
-            "tools/call",
-            json!({ "name": "py_add", "arguments": { "a": 1, "b": 2 } }),
-        )
-        .await;
-    assert_eq!(text_of(&sum), "The sum of 1 and 2 is 3.", "{sum}");
+    speaks(&legacy, &mut c, "2025-11-25").await;
     drop(legacy);
 
     if let Some(script) = server_everything() {

@@ -202,6 +202,29 @@ impl Drop for InFlight<'_> {
     }
 }
 
+/// A request that opens a session (`initialize`, `server/discover`): its
+/// answer within `timeout`, else forgotten, never cancelled (the spec
+/// forbids cancelling `initialize`, and there is nothing to cancel yet).
+pub(super) async fn opening_request(
+    conn: &Connection,
+    method: &str,
+    params: Value,
+    timeout: Duration,
+) -> Result<Value, CallError> {
+    let (id, rx) = conn.begin_request(method, params)?;
+    match tokio::time::timeout(timeout, rx).await {
+        Ok(received) => conn.answer_of(received),
+        Err(_) => {
+            conn.forget(id);
+            Err(CallError::TimedOut {
+                upstream: conn.upstream().clone(),
+                method: method.to_owned(),
+                after: timeout,
+            })
+        }
+    }
+}
+
 fn lock<T>(mutex: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
     mutex
         .lock()
@@ -345,21 +368,7 @@ impl Session {
             "capabilities": options.capabilities,
             "clientInfo": { "name": "taskbroker", "version": env!("CARGO_PKG_VERSION") },
         });
-        let handshake = async {
-            let (id, rx) = conn.begin_request("initialize", params)?;
-            match tokio::time::timeout(options.request_timeout, rx).await {
-                Ok(received) => conn.answer_of(received),
-                Err(_) => {
-                    // initialize is never cancelled (the spec forbids it).
-                    conn.forget(id);
-                    Err(CallError::TimedOut {
-                        upstream: conn.upstream().clone(),
-                        method: "initialize".to_owned(),
-                        after: options.request_timeout,
-                    })
-                }
-            }
-        };
+        let handshake = opening_request(conn, "initialize", params, options.request_timeout);
         let result = match handshake.await {
             Ok(result) => result,
             Err(error) => {

@@ -26,7 +26,7 @@ use futures_util::future::join_all;
 use serde_json::{Map, Value, json};
 use tokio_util::sync::CancellationToken;
 
-use super::session::{CallHandler, Era, ServerRequest, Session};
+use super::session::{CallHandler, Era, ServerRequest, Session, opening_request};
 use super::wire::Connection;
 use super::{CallError, StartError};
 use crate::mcp::{ErrorCode, RpcError, modern};
@@ -113,20 +113,7 @@ impl Session {
         options: &super::SessionOptions,
     ) -> Result<(String, Era), StartError> {
         let params = enveloped(json!({}), &options.capabilities, false);
-        let asked = async {
-            let (id, rx) = conn.begin_request("server/discover", params)?;
-            match tokio::time::timeout(options.request_timeout, rx).await {
-                Ok(received) => conn.answer_of(received),
-                Err(_) => {
-                    conn.forget(id);
-                    Err(CallError::TimedOut {
-                        upstream: conn.upstream().clone(),
-                        method: "server/discover".to_owned(),
-                        after: options.request_timeout,
-                    })
-                }
-            }
-        };
+        let asked = opening_request(conn, "server/discover", params, options.request_timeout);
         let result = asked
             .await
             .map_err(|error| StartError::Discover { error })?;
