@@ -39,6 +39,7 @@ impl WordCount {
                 max_attempts: 3,
                 concurrency: None,
                 global_concurrency: None,
+                queue: Default::default(),
                 extra: Default::default(),
             },
         }

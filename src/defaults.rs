@@ -49,6 +49,10 @@ pub const SCHEMA_WAIT_LONGEST: Duration = Duration::from_secs(60);
 pub const GRACE: Duration = Duration::from_secs(10);
 /// Longest task ttl; requested ttls are clamped.
 pub const MAX_TTL: Duration = Duration::from_secs(7 * 24 * 3600);
+/// The furthest ahead a call may put its task's start unless its tool's
+/// config says otherwise (`max_delay`); a start past the task's ttl is
+/// refused whatever this says.
+pub const MAX_START_DELAY: Duration = Duration::from_secs(7 * 24 * 3600);
 /// ttl of a task whose request names none.
 pub const DEFAULT_TTL: Duration = Duration::from_secs(3600);
 /// pollInterval suggested on every task.

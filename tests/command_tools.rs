@@ -790,3 +790,45 @@ fn a_tool_named_like_a_demo_tool_is_refused_with_file_and_line() {
     assert!(err.contains("duplicate tool name 'echo'"), "{err}");
     assert!(err.contains(&format!("{f}:2:")), "{err}");
 }
+
+/// Issue 27 item 2: the queue settings of a `[[tool]]` and an
+/// `[[upstream]]` are checked at start, as `file:line: reason`: an unknown
+/// priority name, a number out of range, a max_priority below the priority,
+/// a max_delay that is not a duration.
+#[test]
+fn bad_priority_settings_are_refused_at_start_with_file_and_line() {
+    let tool = |lines: &str| {
+        format!(
+            "[[tool]]\nname = \"t\"\ndescription = \"d\"\ncommand = [\"{TOOLS}/whoami.sh\"]\n{lines}"
+        )
+    };
+    let (f, err) = serve_refuses(&tool("priority = \"urgent\"\n"));
+    assert!(err.contains(&format!("{f}:5:")), "{err}");
+    assert!(
+        err.contains("priority: unknown priority 'urgent'") && err.contains("lowest, low, normal"),
+        "{err}"
+    );
+    let (f, err) = serve_refuses(&tool("priority = 101\n"));
+    assert!(
+        err.contains(&format!("{f}:5:")) && err.contains("-100 to 100"),
+        "{err}"
+    );
+    let (f, err) = serve_refuses(&tool("priority = \"high\"\nmax_priority = \"normal\"\n"));
+    assert!(err.contains(&format!("{f}:6:")), "{err}");
+    assert!(
+        err.contains("max_priority normal (0) is below priority high (10)"),
+        "{err}"
+    );
+    let (f, err) = serve_refuses(&tool("max_delay = \"soon\"\n"));
+    assert!(
+        err.contains(&format!("{f}:5:")) && err.contains("not a duration"),
+        "{err}"
+    );
+    let (f, err) = serve_refuses(
+        "[[upstream]]\nname = \"u\"\ncommand = [\"true\"]\n[upstream.tools.x]\nmax_priority = \"top\"\n",
+    );
+    assert!(
+        err.contains(&format!("{f}:5:")) && err.contains("'top'"),
+        "{err}"
+    );
+}

@@ -12,8 +12,10 @@ mod open_tasks;
 mod outcome;
 mod owner;
 pub mod records;
+pub mod schedule;
 mod session_expiry;
 pub mod slots;
+mod start_alarm;
 mod task;
 
 mod writer;
@@ -85,6 +87,9 @@ pub struct Caller<'a> {
     /// The client's idempotency key for a task call
     /// ([`idempotency::key_of`]).
     pub idempotency_key: Option<&'a str>,
+    /// The priority and start the call asked for
+    /// ([`schedule::Requested::of`]).
+    pub schedule: schedule::Requested,
 }
 
 /// Why a task operation was refused.
@@ -318,6 +323,9 @@ impl Broker {
         let tool = self.tool_for_call(name, caller.owner, true)?;
         let owner = caller.owner.as_str();
         let ttl_ms = self.effective_ttl(requested_ttl)?;
+        let placement = caller
+            .schedule
+            .place(name, &tool.definition().queue, ttl_ms, now_ms())?;
         let arguments = Value::Object(arguments);
         self.check_arguments_size(&arguments)?;
         if let Some(key) = caller.idempotency_key
@@ -361,7 +369,8 @@ impl Broker {
         };
         let job = refused.is_none().then_some(NewJob {
             max_attempts: tool.definition().max_attempts.max(1),
-            priority: 0,
+            priority: placement.priority,
+            run_after: placement.run_after,
         });
         // The writer hands the job to this process's pool, or wakes it, and
         // kicks the feed.
@@ -377,6 +386,14 @@ impl Broker {
                 };
             }
             Err(e) => return Err(e.into()),
+        };
+        let row = match placement.run_after {
+            // Served as tasks_as_served will read it until the start.
+            Some(at) if row.status_message.as_deref() == Some("queued") => TaskRow {
+                status_message: Some(format!("queued: starts at {}", crate::mcp::format_time(at))),
+                ..row
+            },
+            _ => row,
         };
         tracing::info!(task_id = %row.task_id, tool = name, ttl_ms, "task created");
         Ok(task_from_row(&row))

@@ -271,6 +271,7 @@ mod tests {
             max_attempts: 1,
             concurrency,
             global_concurrency: None,
+            queue: Default::default(),
             extra: Default::default(),
         }
     }

@@ -7,7 +7,8 @@
 //! Hand-off: when this process's own worker pool has free slots, jobs are
 //! claimed for it in the very transaction that creates them, and handed to
 //! it with their slots, instead of the pool being woken to claim them in a
-//! later one.
+//! later one. A job queued to start later wakes nobody until its start
+//! (`start_alarm`).
 
 use std::collections::HashSet;
 use std::sync::{Arc, Mutex};
@@ -16,6 +17,7 @@ use tokio::sync::{Notify, mpsc, oneshot};
 
 use super::Feed;
 use super::slots::{Reservation, Slot, Slots};
+use super::start_alarm::StartAlarm;
 use crate::clock::now_ms;
 use crate::store::{
     ClaimedJob, NewJob, NewTask, Store, StoreError, TaskOutcome, TaskRow, ToolQuota, Write, Written,
@@ -101,6 +103,7 @@ impl Writer {
         let (ops, mut rx) = mpsc::channel::<Queued>(4 * MAX_BATCH);
         let handoff: Arc<Mutex<Option<Handoff>>> = Arc::default();
         let pool = handoff.clone();
+        let alarm = StartAlarm::spawn(job_queued.clone(), feed.clone());
         tokio::spawn(async move {
             while let Some(first) = rx.recv().await {
                 let mut batch = vec![first];
@@ -115,16 +118,22 @@ impl Writer {
                     batch.into_iter().map(|q| (q.write, q.reply)).unzip();
                 let mut finished = Vec::new();
                 let mut created = HashSet::new();
+                // Jobs that start later: nobody can claim them yet.
+                let mut starts = Vec::new();
+                let before = now_ms();
                 for write in &writes {
                     match write {
                         Write::Complete { task_id, .. } => finished.push(task_id.clone()),
                         Write::Create {
                             new,
-                            job: Some(_),
+                            job: Some(job),
                             outcome: None,
-                        } => {
-                            created.insert(new.task_id.clone());
-                        }
+                        } => match job.run_after.filter(|at| *at > before) {
+                            Some(at) => starts.push(at),
+                            None => {
+                                created.insert(new.task_id.clone());
+                            }
+                        },
                         _ => {}
                     }
                 }
@@ -174,6 +183,9 @@ impl Writer {
                 if queued > 0 && !all_handed {
                     job_queued.notify_one();
                     feed.announce_queued();
+                }
+                for at in starts {
+                    alarm.set(at);
                 }
                 for task_id in &finished {
                     feed.written(task_id);

@@ -15,7 +15,6 @@ use super::{
     CLIENT_NAME, CallArgs, DEFAULT_URL, EXIT_FAILURE, EXIT_INTERRUPTED, EXIT_OK, EXIT_UNREACHABLE,
     McpClient, McpError, Notification, Protocol,
 };
-use crate::mcp::IDEMPOTENCY_KEY_META;
 
 /// Run `taskbroker call`; returns the process exit code.
 pub async fn run(args: CallArgs) -> u8 {
@@ -105,8 +104,8 @@ async fn as_task(cli: &mut CliSession, args: &CallArgs, interrupt: &mut Interrup
         task_meta["ttl"] = json!(ttl);
     }
     let mut params = json!({ "name": args.tool, "arguments": args.args, "task": task_meta });
-    if let Some(key) = &args.idempotency_key {
-        params["_meta"] = json!({ IDEMPOTENCY_KEY_META: key });
+    if let Some(meta) = args.task_meta() {
+        params["_meta"] = meta;
     }
     let created = match call_tool(cli, params, &mut |_| {}).await {
         Ok(r) => r,

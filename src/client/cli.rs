@@ -5,6 +5,7 @@ use reqwest::Url;
 use serde_json::{Map, Value};
 
 use super::DEFAULT_URL;
+use crate::mcp::{DELAY_META, IDEMPOTENCY_KEY_META, PRIORITY_META};
 use crate::store::TaskStatus;
 
 const SESSION_HELP: &str = "Without tokens, tasks belong to the MCP session that created them \
@@ -90,6 +91,16 @@ pub struct CallArgs {
     /// refused.
     #[arg(long, value_name = "KEY", requires = "task")]
     pub idempotency_key: Option<String>,
+    /// With --task: the job's priority, a name (lowest, low, normal, high,
+    /// highest) or a number from -100 to 100, higher first; up to what the
+    /// tool's config allows (max_priority).
+    #[arg(long, value_name = "PRIORITY", requires = "task", value_parser = parse_priority)]
+    pub priority: Option<Value>,
+    /// With --task: start the job this long from now at the earliest
+    /// (`90s`, `10m`, `2h`); the task says `queued: starts at ...` until
+    /// then.
+    #[arg(long, value_name = "DURATION", requires = "task")]
+    pub delay: Option<humantime::Duration>,
     /// Print the whole result as JSON instead of its text content.
     #[arg(long)]
     pub json: bool,
@@ -182,6 +193,33 @@ fn parse_url(s: &str) -> Result<Url, String> {
 }
 
 /// A JSON object, for `--args`.
+impl CallArgs {
+    /// The `_meta` of a task call: its idempotency key, priority and
+    /// delay, when given.
+    pub fn task_meta(&self) -> Option<Value> {
+        let mut meta = Map::new();
+        if let Some(key) = &self.idempotency_key {
+            meta.insert(IDEMPOTENCY_KEY_META.into(), Value::from(key.as_str()));
+        }
+        if let Some(priority) = &self.priority {
+            meta.insert(PRIORITY_META.into(), priority.clone());
+        }
+        if let Some(delay) = self.delay {
+            meta.insert(DELAY_META.into(), Value::from(delay.as_secs_f64()));
+        }
+        (!meta.is_empty()).then_some(Value::Object(meta))
+    }
+}
+
+/// A priority as the broker checks it: a name or a number.
+fn parse_priority(s: &str) -> Result<Value, String> {
+    let value = match s.parse::<i64>() {
+        Ok(n) => Value::from(n),
+        Err(_) => Value::from(s),
+    };
+    crate::tools::parse_priority(&value).map(|_| value)
+}
+
 fn parse_json_object(s: &str) -> Result<Map<String, Value>, String> {
     match serde_json::from_str::<Value>(s) {
         Ok(Value::Object(map)) => Ok(map),

@@ -31,7 +31,6 @@ use super::{
     CLIENT_NAME, CallArgs, Connection, EXIT_FAILURE, EXIT_INTERRUPTED, EXIT_OK, EXIT_UNREACHABLE,
     EXIT_USAGE, McpError, TasksArgs, TasksCommand,
 };
-use crate::mcp::IDEMPOTENCY_KEY_META;
 use crate::mcp::RpcError;
 use crate::mcp::modern;
 
@@ -218,8 +217,8 @@ pub async fn call(args: &CallArgs) -> u8 {
         );
     }
     let mut params = json!({ "name": args.tool, "arguments": args.args });
-    if let Some(key) = &args.idempotency_key {
-        params["_meta"] = json!({ IDEMPOTENCY_KEY_META: key });
+    if let Some(meta) = args.task_meta() {
+        params["_meta"] = meta;
     }
     let answer = tokio::select! {
         answer = call_answering(&client, params, args.task) => answer,

@@ -13,7 +13,7 @@ use std::time::Duration;
 use serde::Deserialize;
 use toml::Spanned;
 
-use crate::tools::{CommandSpec, CommandTool, TaskSupport, Tool, ToolDefinition};
+use crate::tools::{CommandSpec, CommandTool, QueueSettings, TaskSupport, Tool, ToolDefinition};
 use crate::upstream::UpstreamSpec;
 
 mod upstream;
@@ -178,6 +178,12 @@ pub struct ToolSection {
     pub concurrency: Option<Spanned<i64>>,
     /// Runs at once across every process on the database (default: none).
     pub global_concurrency: Option<Spanned<i64>>,
+    /// Priority of its calls: a name or a number (default normal).
+    pub priority: Option<Spanned<toml::Value>>,
+    /// The highest priority a call may ask for (default: `priority`).
+    pub max_priority: Option<Spanned<toml::Value>>,
+    /// The furthest ahead a call may put its start.
+    pub max_delay: Option<Spanned<DurationValue>>,
 }
 
 /// The whole file.
@@ -384,6 +390,14 @@ impl Config {
                     .duration(&section.kill_grace)?
                     .unwrap_or(DEFAULT_KILL_GRACE),
             };
+            let queue = self
+                .queue_settings(
+                    &section.priority,
+                    &section.max_priority,
+                    &section.max_delay,
+                    &what,
+                )?
+                .policy();
             let def = ToolDefinition {
                 name,
                 description: section.description.clone(),
@@ -394,6 +408,7 @@ impl Config {
                 concurrency: Some(concurrency.unwrap_or(crate::defaults::COMMAND_CONCURRENCY)),
                 global_concurrency: global_concurrency
                     .map(|n| u32::try_from(n).unwrap_or(u32::MAX)),
+                queue,
                 extra: Default::default(),
             };
             tools.push(Arc::new(CommandTool::new(def, spec)));
@@ -419,6 +434,60 @@ impl Config {
                 ),
             )),
         }
+    }
+
+    /// `priority`, `max_priority` and `max_delay` of one section, checked
+    /// (known names, numbers in range, a maximum not below the default),
+    /// with the line on error.
+    fn queue_settings(
+        &self,
+        priority: &Option<Spanned<toml::Value>>,
+        max_priority: &Option<Spanned<toml::Value>>,
+        max_delay: &Option<Spanned<DurationValue>>,
+        what: &str,
+    ) -> Result<QueueSettings, ConfigError> {
+        let settings = QueueSettings {
+            priority: self.priority(priority, what, "priority")?,
+            max_priority: self.priority(max_priority, what, "max_priority")?,
+            max_delay: self.duration(max_delay)?,
+        };
+        if let (Some(p), Some(max), Some(at)) =
+            (settings.priority, settings.max_priority, max_priority)
+            && max < p
+        {
+            return Err(self.error(
+                self.line_of(at.span().start),
+                format!(
+                    "{what}: max_priority {} is below priority {}",
+                    crate::tools::describe_priority(max),
+                    crate::tools::describe_priority(p)
+                ),
+            ));
+        }
+        Ok(settings)
+    }
+
+    /// A priority setting (a name or a number), with the line on error.
+    fn priority(
+        &self,
+        value: &Option<Spanned<toml::Value>>,
+        what: &str,
+        key: &str,
+    ) -> Result<Option<i64>, ConfigError> {
+        let Some(value) = value else {
+            return Ok(None);
+        };
+        let json = match value.get_ref() {
+            toml::Value::String(s) => serde_json::Value::from(s.as_str()),
+            toml::Value::Integer(n) => serde_json::Value::from(*n),
+            other => serde_json::Value::from(other.to_string()),
+        };
+        crate::tools::parse_priority(&json).map(Some).map_err(|e| {
+            self.error(
+                self.line_of(value.span().start),
+                format!("{what}: {key}: {e}"),
+            )
+        })
     }
 
     /// `max_attempts`: at least 1, with the line on error.

@@ -62,6 +62,12 @@ pub struct UpstreamSection {
     pub global_concurrency: Option<Spanned<i64>>,
     /// never | always: whether a call lost with its worker is sent again.
     pub retry: Option<Spanned<String>>,
+    /// Priority of its tools' calls: a name or a number.
+    pub priority: Option<Spanned<toml::Value>>,
+    /// The highest priority a call may ask for.
+    pub max_priority: Option<Spanned<toml::Value>>,
+    /// The furthest ahead a call may put its start.
+    pub max_delay: Option<Spanned<DurationValue>>,
     /// Settings of one tool, by the upstream's name for it.
     #[serde(default)]
     pub tools: BTreeMap<String, ToolSettingsSection>,
@@ -80,6 +86,9 @@ impl UpstreamSection {
             concurrency: self.concurrency.clone(),
             global_concurrency: self.global_concurrency.clone(),
             retry: self.retry.clone(),
+            priority: self.priority.clone(),
+            max_priority: self.max_priority.clone(),
+            max_delay: self.max_delay.clone(),
         }
     }
 }
@@ -100,6 +109,12 @@ pub struct ToolSettingsSection {
     pub global_concurrency: Option<Spanned<i64>>,
     /// never | always: whether a call lost with its worker is sent again.
     pub retry: Option<Spanned<String>>,
+    /// Priority of its calls: a name or a number.
+    pub priority: Option<Spanned<toml::Value>>,
+    /// The highest priority a call may ask for.
+    pub max_priority: Option<Spanned<toml::Value>>,
+    /// The furthest ahead a call may put its start.
+    pub max_delay: Option<Spanned<DurationValue>>,
 }
 
 impl Config {
@@ -329,6 +344,12 @@ impl Config {
                 .positive(&section.global_concurrency, what, "global_concurrency")?
                 .map(|n| u32::try_from(n).unwrap_or(u32::MAX)),
             retry,
+            queue: self.queue_settings(
+                &section.priority,
+                &section.max_priority,
+                &section.max_delay,
+                what,
+            )?,
         })
     }
 }

@@ -31,6 +31,13 @@ pub const RELATED_TASK_META: &str = "io.modelcontextprotocol/related-task";
 /// `_meta` key of a task call that carries the client's idempotency key
 /// (taskbroker's own: a repeated call with it gets the same task).
 pub const IDEMPOTENCY_KEY_META: &str = "taskbroker/idempotencyKey";
+/// `_meta` key of a task call that asks for a priority: a name (`low`,
+/// `high`, ...) or a number, higher first, up to its tool's `max_priority`.
+pub const PRIORITY_META: &str = "taskbroker/priority";
+/// `_meta` key of a task call that asks to start later: seconds from now.
+pub const DELAY_META: &str = "taskbroker/delay";
+/// `_meta` key of a task call that asks to start at a time (RFC 3339).
+pub const START_AT_META: &str = "taskbroker/startAt";
 
 /// `{"io.modelcontextprotocol/related-task": {"taskId": ...}}`.
 pub fn related_task_meta(task_id: &str) -> serde_json::Value {

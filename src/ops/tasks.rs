@@ -1,6 +1,7 @@
 //! `taskbroker tasks list --db DB`: every owner's tasks, read from the
 //! database, filtered and paged newest first (keyset paging: the cursor is
-//! the row key of the last task shown).
+//! the row key of the last task shown). A queued job's priority is shown,
+//! and a delayed one's start in its status message (`queued: starts at`).
 
 use serde_json::{Value, json};
 
@@ -8,6 +9,7 @@ use super::{failed, open, table};
 use crate::client::{EXIT_OK, TaskListArgs};
 use crate::mcp::format_time;
 use crate::store::ops::{TaskFilter, TaskSummary};
+use crate::tools::describe_priority;
 
 /// Default page size.
 const LIMIT: i64 = 50;
@@ -64,6 +66,7 @@ pub async fn list(args: &TaskListArgs, all: bool) -> u8 {
             "tool".into(),
             "owner".into(),
             "lastUpdatedAt".into(),
+            "priority".into(),
             "statusMessage".into(),
         ]];
         for t in &tasks {
@@ -73,6 +76,7 @@ pub async fn list(args: &TaskListArgs, all: bool) -> u8 {
                 t.tool.clone(),
                 t.owner.clone(),
                 format_time(t.updated_at),
+                t.priority.map(describe_priority).unwrap_or_default(),
                 t.status_message
                     .as_deref()
                     .unwrap_or("")
@@ -99,5 +103,7 @@ fn to_json(t: &TaskSummary) -> Value {
         "createdAt": format_time(t.created_at),
         "lastUpdatedAt": format_time(t.updated_at),
         "statusMessage": t.status_message,
+        "priority": t.priority,
+        "startsAt": t.starts_at.map(format_time),
     })
 }

@@ -112,6 +112,10 @@ async fn tools_call(
     let arguments = params.arguments.unwrap_or_default();
     let progress_token = params.meta.and_then(|m| m.progress_token);
     let broker = &state.broker;
+    let schedule = match crate::broker::schedule::Requested::of(meta) {
+        Ok(schedule) => schedule,
+        Err(e) => return Reply::err(e.to_rpc("create")),
+    };
     if let Some(task) = params.task {
         let token = progress_token.map(|t| serde_json::to_value(t).unwrap_or(Value::Null));
         let idempotency_key = match crate::broker::idempotency::key_of(meta) {
@@ -125,6 +129,7 @@ async fn tools_call(
                     session_id: Some(&session.id),
                     client_capabilities: None,
                     idempotency_key,
+                    schedule,
                 },
                 &params.name,
                 arguments,
@@ -149,6 +154,9 @@ async fn tools_call(
         Ok(t) => t,
         Err(e) => return Reply::err(e.to_rpc("call")),
     };
+    if let Err(e) = schedule.refuse_plain(&params.name) {
+        return Reply::err(e.to_rpc("call"));
+    }
     let arguments = Value::Object(arguments);
     if let Err(e) = broker.check_arguments_size(&arguments) {
         return Reply::err(e.to_rpc("call"));

@@ -75,6 +75,7 @@ impl Fixture {
                 max_attempts: 1,
                 concurrency: None,
                 global_concurrency: None,
+                queue: Default::default(),
                 extra: Default::default(),
             },
             body,

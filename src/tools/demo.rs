@@ -38,6 +38,7 @@ impl Echo {
                 max_attempts: 3,
                 concurrency: None,
                 global_concurrency: None,
+                queue: Default::default(),
                 extra: Default::default(),
             },
         }
@@ -91,6 +92,7 @@ impl Sleep {
                 max_attempts: 3,
                 concurrency: None,
                 global_concurrency: None,
+                queue: Default::default(),
                 extra: Default::default(),
             },
         }
@@ -152,6 +154,7 @@ impl Fail {
                 max_attempts: 3,
                 concurrency: None,
                 global_concurrency: None,
+                queue: Default::default(),
                 extra: Default::default(),
             },
         }
@@ -207,6 +210,7 @@ impl Approve {
                 max_attempts: 3,
                 concurrency: None,
                 global_concurrency: None,
+                queue: Default::default(),
                 extra: Default::default(),
             },
         }

@@ -6,6 +6,7 @@ mod command;
 mod conformance;
 mod conformance_modern;
 mod demo;
+mod queue;
 
 use std::collections::BTreeMap;
 use std::future::Future;
@@ -22,6 +23,7 @@ use crate::mcp::RpcError;
 pub use catalog::{Refused, ToolCatalog};
 pub use command::{CommandSpec, CommandTool};
 pub use demo::demo_tools;
+pub use queue::{PRIORITY_NAMES, QueuePolicy, QueueSettings, describe_priority, parse_priority};
 
 /// The fixture tools the MCP conformance suites call (`serve
 /// --conformance-tools`): those of 2025-11-25 and of 2026-07-28.
@@ -76,6 +78,8 @@ pub struct ToolDefinition {
     /// database, enforced in the claim. Tasks waiting for client input do
     /// not count.
     pub global_concurrency: Option<u32>,
+    /// Its jobs' priority and how far ahead calls may put their start.
+    pub queue: QueuePolicy,
     /// Further members of the `Tool` object, served as they are (`title`,
     /// `annotations`, `icons`, `_meta`: what an upstream server listed).
     /// The members above win over any of the same name.

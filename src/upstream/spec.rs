@@ -9,7 +9,7 @@ use std::time::Duration;
 use serde_json::Value;
 
 use super::{HttpSpec, StdioSpec};
-use crate::tools::TaskSupport;
+use crate::tools::{QueueSettings, TaskSupport};
 
 /// Whether a call that may have reached the upstream, and whose worker was
 /// then lost, is sent again by the next run of its task.
@@ -51,6 +51,8 @@ pub struct ToolSettings {
     pub global_concurrency: Option<u32>,
     /// Whether a lost call is sent again (default never).
     pub retry: Option<Retry>,
+    /// Priorities and start delays of its calls.
+    pub queue: QueueSettings,
 }
 
 impl ToolSettings {
@@ -63,6 +65,7 @@ impl ToolSettings {
             concurrency: self.concurrency.or(fallback.concurrency),
             global_concurrency: self.global_concurrency.or(fallback.global_concurrency),
             retry: self.retry.or(fallback.retry),
+            queue: self.queue.or(fallback.queue),
         }
     }
 }

@@ -114,6 +114,7 @@ impl UpstreamTool {
                 max_attempts: settings.max_attempts.unwrap_or(DEFAULT_MAX_ATTEMPTS),
                 concurrency: settings.concurrency,
                 global_concurrency: settings.global_concurrency,
+                queue: settings.queue.policy(),
                 extra: passed_through(object),
             },
             remote: remote.to_owned(),

@@ -143,6 +143,11 @@ impl Server {
         self.dir.join("broker.db")
     }
 
+    /// The broker's process id (while it runs).
+    pub fn pid(&self) -> u32 {
+        self.child.as_ref().expect("the broker runs").id()
+    }
+
     /// What `--db` takes for this server's database: the SQLite file's path
     /// or the PostgreSQL URL.
     pub fn db_arg(&self) -> String {

@@ -1,5 +1,6 @@
-//! The job queue (`JobStore`): claims (priority, age, quotas, global
-//! limits, two claimers at once), heartbeats, completion, cancellation,
+//! The job queue (`JobStore`): claims (priority highest first, age, start
+//! times, quotas, global limits, two claimers at once), heartbeats,
+//! completion, cancellation,
 //! rescue of expired leases, unclaim and release; every write of a job
 //! fenced by its lease.
 
@@ -27,6 +28,7 @@ async fn job_claim_available_priority_then_age(db: TestDb) {
                 Some(NewJob {
                     max_attempts: 4,
                     priority: *priority,
+                    run_after: None,
                 }),
                 None,
                 T0 + i64::try_from(i).unwrap(),
@@ -34,6 +36,22 @@ async fn job_claim_available_priority_then_age(db: TestDb) {
             .await
             .unwrap();
     }
+    // Highest of all, but queued to start later (issue 27 item 2).
+    let mut later = new_task("p9-later", "alice");
+    later.tool = "tool-0".into();
+    db.store
+        .task_create(
+            &later,
+            Some(NewJob {
+                max_attempts: 4,
+                priority: 9,
+                run_after: Some(T0 + 1_000),
+            }),
+            None,
+            T0 + 10,
+        )
+        .await
+        .unwrap();
     let now = T0 + 100;
     let tools: Vec<ToolQuota> = (0..specs.len())
         .map(|i| ToolQuota {
@@ -48,7 +66,7 @@ async fn job_claim_available_priority_then_age(db: TestDb) {
         .await
         .unwrap();
     let ids: Vec<&str> = claimed.iter().map(|j| j.task_id.as_str()).collect();
-    assert_eq!(ids, vec!["p0", "p1-old", "p1-new", "p5-old", "p5-new"]);
+    assert_eq!(ids, vec!["p5-old", "p5-new", "p1-old", "p1-new", "p0"]);
     for j in &claimed {
         assert_eq!(j.attempt, 1);
         assert_eq!(j.max_attempts, 4);
@@ -71,6 +89,23 @@ async fn job_claim_available_priority_then_age(db: TestDb) {
             .await
             .unwrap()
             .is_empty()
+    );
+    // The delayed job is claimed once its start has come, not before.
+    assert!(
+        db.store
+            .job_claim_available("w2", "lease-2", &tools, 10, LEASE_MS, T0 + 999)
+            .await
+            .unwrap()
+            .is_empty()
+    );
+    let due = db
+        .store
+        .job_claim_available("w2", "lease-3", &tools, 10, LEASE_MS, T0 + 1_000)
+        .await
+        .unwrap();
+    assert_eq!(
+        due.iter().map(|j| j.task_id.as_str()).collect::<Vec<_>>(),
+        vec!["p9-later"]
     );
 }
 store_test!(job_claim_available_priority_then_age);
@@ -598,6 +633,7 @@ async fn job_rescue_expired_fails_task_when_attempts_are_exhausted(db: TestDb) {
             Some(NewJob {
                 max_attempts: 2,
                 priority: 0,
+                run_after: None,
             }),
             None,
             T0,
@@ -754,6 +790,7 @@ async fn job_rescue_expired_mixed_batch_counts_each_kind(db: TestDb) {
     let single = NewJob {
         max_attempts: 1,
         priority: 0,
+        run_after: None,
     };
     db.store
         .task_create(&new_task("retry", "alice"), Some(JOB), None, T0)

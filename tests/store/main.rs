@@ -80,6 +80,7 @@ const JITTER_MAX_MS: i64 = 249;
 const JOB: NewJob = NewJob {
     max_attempts: 3,
     priority: 0,
+    run_after: None,
 };
 
 // Both drivers ----------------------------------------------------------------

@@ -699,6 +699,8 @@ async fn ops_task_page_filters_and_pages_newest_first(db: TestDb) {
             created_at: ago(HOUR_MS + MINUTE_MS),
             updated_at: ago(HOUR_MS + 1),
             status_message: None,
+            priority: Some(0),
+            starts_at: None,
         }]
     );
 

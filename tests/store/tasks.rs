@@ -55,6 +55,7 @@ async fn task_create_with_job_queues_it(db: TestDb) {
     let job_spec = NewJob {
         max_attempts: 5,
         priority: 7,
+        run_after: None,
     };
     let row = db
         .store

@@ -73,7 +73,7 @@ impl GroupCommit for PostgresStore {
                 new.tool,
                 job.max_attempts,
                 job.priority,
-                now
+                job.run_after.map_or(now, |at| at.max(now))
             )
             .execute(&mut *conn)
             .await?;
@@ -141,7 +141,7 @@ impl GroupCommit for PostgresStore {
     /// transaction.
     ///
     /// Each tool may take `min(free, global - running)` jobs (`cap`). The claim
-    /// walks the queue by priority then age over tools whose cap is above zero
+    /// walks the due jobs, highest priority first then oldest, over tools whose cap is above zero
     /// only, reading at most `4 * limit` jobs (the `head`, locked with `FOR
     /// UPDATE SKIP LOCKED`: jobs another claim holds are passed over, and the
     /// head's rows stay locked until this transaction ends), and takes from it
@@ -213,14 +213,14 @@ impl GroupCommit for PostgresStore {
                 head AS (SELECT task_seq, priority, tool FROM jobs
                           WHERE state = 'queued' AND run_after <= $4
                             AND tool IN (SELECT tool FROM cap WHERE n > 0)
-                          ORDER BY priority, task_seq LIMIT $7
+                          ORDER BY priority DESC, task_seq LIMIT $7
                           FOR UPDATE SKIP LOCKED),
                 ranked AS (SELECT task_seq, priority, tool,
-                                  row_number() OVER (PARTITION BY tool ORDER BY priority, task_seq) AS rn
+                                  row_number() OVER (PARTITION BY tool ORDER BY priority DESC, task_seq) AS rn
                              FROM head),
                 picked AS (SELECT k.task_seq FROM ranked k JOIN cap c ON c.tool = k.tool
                             WHERE k.rn <= c.n
-                            ORDER BY k.priority, k.task_seq LIMIT $5)
+                            ORDER BY k.priority DESC, k.task_seq LIMIT $5)
            UPDATE jobs SET state = 'running', attempt = attempt + 1, lease_owner = $1,
                   lease_token = $2, lease_expires_at = $3, changed_at = $4
              FROM tasks t
@@ -241,7 +241,7 @@ impl GroupCommit for PostgresStore {
         )
         .fetch_all(&mut *conn)
         .await?;
-        jobs.sort_by_key(|j| (j.priority, j.task_seq));
+        jobs.sort_by_key(|j| (std::cmp::Reverse(j.priority), j.task_seq));
         Ok(jobs)
     }
 
@@ -282,16 +282,20 @@ impl GroupCommit for PostgresStore {
         let tools: Vec<String> = jobs.iter().map(|j| j.tool.to_owned()).collect();
         let max_attempts: Vec<i64> = jobs.iter().map(|j| j.job.max_attempts).collect();
         let priorities: Vec<i64> = jobs.iter().map(|j| j.job.priority).collect();
+        let run_after: Vec<i64> = jobs
+            .iter()
+            .map(|j| j.job.run_after.map_or(now, |at| at.max(now)))
+            .collect();
         let inserted = sqlx::query!(
             "INSERT INTO jobs (task_seq, tool, max_attempts, priority, run_after)
-         SELECT c.seq, c.tool, c.max_attempts, c.priority, $1
-           FROM unnest($2::bigint[], $3::text[], $4::bigint[], $5::bigint[])
-                AS c(seq, tool, max_attempts, priority)",
-            now,
+         SELECT c.seq, c.tool, c.max_attempts, c.priority, c.run_after
+           FROM unnest($1::bigint[], $2::text[], $3::bigint[], $4::bigint[], $5::bigint[])
+                AS c(seq, tool, max_attempts, priority, run_after)",
             &seqs,
             &tools,
             &max_attempts,
-            &priorities
+            &priorities,
+            &run_after
         )
         .execute(conn)
         .await?;

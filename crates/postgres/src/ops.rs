@@ -161,7 +161,8 @@ impl OpsStore for PostgresStore {
                     TaskSummaryText,
                     r#"SELECT seq AS "seq!", task_id AS "task_id!", status AS "status!", tool AS "tool!",
                               owner AS "owner!", created_at AS "created_at!",
-                              updated_at AS "updated_at!", status_message
+                              updated_at AS "updated_at!", status_message,
+                              priority AS "priority?", starts_at AS "starts_at?"
                          FROM tasks_as_served
                         WHERE status IN ('working', 'input_required') AND seq < $1
                           AND position(',' || status || ',' IN $2::text) > 0
@@ -181,7 +182,8 @@ impl OpsStore for PostgresStore {
                     TaskSummaryText,
                     r#"SELECT seq AS "seq!", task_id AS "task_id!", status AS "status!", tool AS "tool!",
                               owner AS "owner!", created_at AS "created_at!",
-                              updated_at AS "updated_at!", status_message
+                              updated_at AS "updated_at!", status_message,
+                              priority AS "priority?", starts_at AS "starts_at?"
                          FROM tasks_as_served
                         WHERE owner = $1 AND seq < $2
                           AND ($3::text = '' OR position(',' || status || ',' IN $3::text) > 0)
@@ -202,7 +204,8 @@ impl OpsStore for PostgresStore {
                     TaskSummaryText,
                     r#"SELECT seq AS "seq!", task_id AS "task_id!", status AS "status!", tool AS "tool!",
                               owner AS "owner!", created_at AS "created_at!",
-                              updated_at AS "updated_at!", status_message
+                              updated_at AS "updated_at!", status_message,
+                              priority AS "priority?", starts_at AS "starts_at?"
                          FROM tasks_as_served
                         WHERE seq < $1
                           AND ($2::text = '' OR position(',' || status || ',' IN $2::text) > 0)

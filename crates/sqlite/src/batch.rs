@@ -68,7 +68,7 @@ impl GroupCommit for SqliteStore {
                 new.tool,
                 job.max_attempts,
                 job.priority,
-                now
+                job.run_after.map_or(now, |at| at.max(now))
             )
             .execute(&mut *conn)
             .await?;
@@ -136,7 +136,7 @@ impl GroupCommit for SqliteStore {
     /// transaction.
     ///
     /// Each tool may take `min(free, global - running)` jobs (`cap`). The claim
-    /// walks the queue by priority then age over tools whose cap is above zero
+    /// walks the due jobs, highest priority first then oldest, over tools whose cap is above zero
     /// only, reading at most `4 * limit` jobs (the `head`), and takes from it up
     /// to each tool's cap: a tool at its limit is skipped in the index, so it
     /// delays no other tool; each claim takes at least the head's first job, so
@@ -181,15 +181,15 @@ impl GroupCommit for SqliteStore {
                 head AS (SELECT task_seq, priority, tool FROM jobs
                           WHERE state = 'queued' AND run_after <= ?4
                             AND tool IN (SELECT tool FROM cap WHERE n > 0)
-                          ORDER BY priority, task_seq LIMIT ?7),
+                          ORDER BY priority DESC, task_seq LIMIT ?7),
                 ranked AS (SELECT task_seq, priority, tool,
-                                  row_number() OVER (PARTITION BY tool ORDER BY priority, task_seq) AS rn
+                                  row_number() OVER (PARTITION BY tool ORDER BY priority DESC, task_seq) AS rn
                              FROM head)
            UPDATE jobs SET state = 'running', attempt = attempt + 1, lease_owner = ?1,
                   lease_token = ?2, lease_expires_at = ?3, changed_at = ?4
             WHERE task_seq IN (SELECT k.task_seq FROM ranked k JOIN cap c ON c.tool = k.tool
                                 WHERE k.rn <= c.n
-                                ORDER BY k.priority, k.task_seq LIMIT ?5)
+                                ORDER BY k.priority DESC, k.task_seq LIMIT ?5)
            RETURNING task_seq AS "task_seq!",
                      (SELECT task_id FROM tasks WHERE seq = task_seq) AS "task_id!: String",
                      tool AS "tool!: String",
@@ -208,7 +208,7 @@ impl GroupCommit for SqliteStore {
         )
         .fetch_all(&mut *conn)
         .await?;
-        jobs.sort_by_key(|j| (j.priority, j.task_seq));
+        jobs.sort_by_key(|j| (std::cmp::Reverse(j.priority), j.task_seq));
         Ok(jobs)
     }
 
@@ -256,15 +256,16 @@ impl GroupCommit for SqliteStore {
                     "tool": j.tool,
                     "max_attempts": j.job.max_attempts,
                     "priority": j.job.priority,
+                    "run_after": j.job.run_after.map_or(now, |at| at.max(now)),
                 })
             })
             .collect();
         let jobs = jobs.to_string();
         let inserted = sqlx::query!(
-        "INSERT INTO jobs (task_seq, tool, max_attempts, priority, run_after)
-         SELECT value ->> 'seq', value ->> 'tool', value ->> 'max_attempts', value ->> 'priority', ?1
-           FROM json_each(?2)",
-            now,
+            "INSERT INTO jobs (task_seq, tool, max_attempts, priority, run_after)
+         SELECT value ->> 'seq', value ->> 'tool', value ->> 'max_attempts', value ->> 'priority',
+                value ->> 'run_after'
+           FROM json_each(?1)",
             jobs
         )
         .execute(conn)

@@ -158,7 +158,8 @@ impl OpsStore for SqliteStore {
                 None if filter.only_open() => sqlx::query_as!(
                     TaskSummaryText,
                     r#"SELECT seq AS "seq!", task_id, status, tool, owner, created_at, updated_at,
-                              status_message
+                              status_message, priority AS "priority?: i64",
+                              starts_at AS "starts_at?: i64"
                          FROM tasks_as_served
                         WHERE status IN ('working', 'input_required') AND seq < ?
                           AND instr(?, ',' || status || ',') > 0
@@ -176,7 +177,8 @@ impl OpsStore for SqliteStore {
                 Some(owner) => sqlx::query_as!(
                     TaskSummaryText,
                     r#"SELECT seq AS "seq!", task_id, status, tool, owner, created_at, updated_at,
-                              status_message
+                              status_message, priority AS "priority?: i64",
+                              starts_at AS "starts_at?: i64"
                          FROM tasks_as_served
                         WHERE owner = ? AND seq < ?
                           AND (? = '' OR instr(?, ',' || status || ',') > 0)
@@ -196,7 +198,8 @@ impl OpsStore for SqliteStore {
                 None => sqlx::query_as!(
                     TaskSummaryText,
                     r#"SELECT seq AS "seq!", task_id, status, tool, owner, created_at, updated_at,
-                              status_message
+                              status_message, priority AS "priority?: i64",
+                              starts_at AS "starts_at?: i64"
                          FROM tasks_as_served
                         WHERE seq < ?
                           AND (? = '' OR instr(?, ',' || status || ',') > 0)

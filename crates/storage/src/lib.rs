@@ -118,7 +118,7 @@ pub enum Write {
         /// What to record.
         outcome: TaskOutcome,
     },
-    /// Claim up to `limit` runnable jobs by priority then age, within each
+    /// Claim up to `limit` due jobs, highest priority first then oldest, within each
     /// tool's quota; all share `lease_token`. Claims share the batch's
     /// commit and see the jobs created earlier in the same batch.
     Claim {

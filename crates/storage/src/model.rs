@@ -176,8 +176,11 @@ pub struct NewTask {
 pub struct NewJob {
     /// How many times a lost worker may be replaced before the task fails.
     pub max_attempts: i64,
-    /// Lower runs first.
+    /// Higher runs first.
     pub priority: i64,
+    /// Not claimed before this, ms (None: now, the creating commit's
+    /// time).
+    pub run_after: Option<i64>,
 }
 
 /// A terminal outcome to record on a task.

@@ -225,6 +225,10 @@ pub struct TaskSummary {
     pub updated_at: i64,
     /// As served (`queued` while its job waits).
     pub status_message: Option<String>,
+    /// Its job's priority, higher first (None: it has no job).
+    pub priority: Option<i64>,
+    /// When its job may start, while that is still to come (ms).
+    pub starts_at: Option<i64>,
 }
 
 /// A task's job, as the queue holds it.
@@ -432,6 +436,8 @@ pub struct TaskSummaryText {
     pub created_at: i64,
     pub updated_at: i64,
     pub status_message: Option<String>,
+    pub priority: Option<i64>,
+    pub starts_at: Option<i64>,
 }
 
 impl TryFrom<TaskSummaryText> for TaskSummary {
@@ -446,6 +452,8 @@ impl TryFrom<TaskSummaryText> for TaskSummary {
             created_at: t.created_at,
             updated_at: t.updated_at,
             status_message: t.status_message,
+            priority: t.priority,
+            starts_at: t.starts_at,
         })
     }
 }

@@ -19,6 +19,7 @@ use super::state::{self as request_state, StateError};
 use super::{Refusal, Request, tasks};
 use crate::broker::Caller;
 use crate::broker::keys::KeyError;
+use crate::broker::schedule::Requested;
 use crate::clock::now_ms;
 use crate::mcp::{self, RpcError, modern};
 use crate::server::AppState;
@@ -101,6 +102,9 @@ async fn start(state: &AppState, request: &Request<'_>) -> Result<Answer, Refusa
             modern::tasks_capability(),
         )));
     }
+    Requested::of(request.params.and_then(|p| p.get("_meta")))
+        .and_then(|asked| asked.refuse_plain(&p.name))
+        .map_err(|e| Refusal::rpc(e.to_rpc("call")))?;
     broker
         .check_arguments_size(&arguments)
         .map_err(|e| Refusal::rpc(e.to_rpc("call")))?;
@@ -185,11 +189,14 @@ async fn create_task(
     let idempotency_key =
         crate::broker::idempotency::key_of(request.params.and_then(|p| p.get("_meta")))
             .map_err(|e| Refusal::rpc(e.to_rpc("create")))?;
+    let schedule = Requested::of(request.params.and_then(|p| p.get("_meta")))
+        .map_err(|e| Refusal::rpc(e.to_rpc("create")))?;
     let caller = Caller {
         owner: &request.owner,
         session_id: None,
         client_capabilities: Some(&request.envelope.capabilities),
         idempotency_key,
+        schedule,
     };
     match state
         .broker
