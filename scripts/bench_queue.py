@@ -1,0 +1,147 @@
+#!/usr/bin/env python3
+"""What the queue features cost when nobody uses them (scripts/bench-queue
+runs this; issue 27): idempotency keys, priorities and delayed starts,
+retry-after on refusals. Each run: a fresh database, `taskbroker serve`
+with no flag but --db and --listen (the defaults a user gets), then
+`taskbroker bench` (16 clients, 2,000 `sleep 0` tasks, each client waiting
+in tasks/result; no call carries a key, a priority or a start). The head
+binary and the base one (the commit before these features) run in the same
+rounds in alternating order, on SQLite and on PostgreSQL; the ratios are
+taken round by round. The broker's CPU time per task is read from
+/proc/<pid>/stat.
+
+Prints one JSON line per run, then a Markdown table (also written between
+the "queue:start" and "queue:end" markers of --out).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import socket
+import statistics
+import subprocess
+import tempfile
+import time
+
+from bench_scale import PGURL, cpu_seconds, psql, write_block
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def run(binary: str, driver: str, clients: int, tasks: int, work: str, n: int) -> dict:
+    """One broker on a fresh database, one bench against it."""
+    if driver == "sqlite":
+        db = os.path.join(work, f"q{n}.db")
+    else:
+        name = f"tb_queue_{os.getpid()}_{n}"
+        psql("postgres", f"CREATE DATABASE {name}")
+        db = f"{PGURL}/{name}"
+    port = free_port()
+    url = f"http://127.0.0.1:{port}/mcp"
+    log = open(os.path.join(work, f"serve{n}.log"), "w")
+    broker = subprocess.Popen([binary, "serve", "--db", db, "--listen", f"127.0.0.1:{port}"],
+                              stdout=subprocess.DEVNULL, stderr=log)
+    try:
+        deadline = time.time() + 30
+        while True:
+            try:
+                socket.create_connection(("127.0.0.1", port), timeout=0.2).close()
+                break
+            except OSError:
+                if time.time() > deadline or broker.poll() is not None:
+                    raise RuntimeError(f"{binary} did not start; see {log.name}")
+                time.sleep(0.05)
+        before = cpu_seconds(broker.pid)
+        out = subprocess.run([binary, "bench", "--url", url, "--clients", str(clients), "--tasks", str(tasks),
+                              "--json"], capture_output=True, text=True, check=True).stdout
+        cpu = cpu_seconds(broker.pid) - before
+        r = json.loads(out)
+        return {
+            "tasks_per_s": r["tasks_per_s"],
+            "create_p50_ms": r["create"]["p50_ms"],
+            "terminal_p50_ms": r["terminal"]["p50_ms"],
+            "terminal_p99_ms": r["terminal"]["p99_ms"],
+            "errors": r["errors"],
+            "cpu_ms_per_task": 1000 * cpu / max(r["tasks"], 1),
+        }
+    finally:
+        broker.terminate()
+        broker.wait(timeout=30)
+        log.close()
+        if driver == "postgres":
+            psql("postgres", f"DROP DATABASE IF EXISTS {db.rsplit('/', 1)[1]} WITH (FORCE)")
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--bin", required=True)
+    ap.add_argument("--base", required=True)
+    ap.add_argument("--base-rev", required=True)
+    ap.add_argument("--rounds", type=int, default=5)
+    ap.add_argument("--clients", type=int, default=16)
+    ap.add_argument("--tasks", type=int, default=2000)
+    ap.add_argument("--drivers", default="sqlite,postgres")
+    ap.add_argument("--out")
+    args = ap.parse_args()
+    rows = []
+    n = 0
+    with tempfile.TemporaryDirectory() as work:
+        for rnd in range(args.rounds):
+            for driver in args.drivers.split(","):
+                order = [("head", args.bin), ("base", args.base)]
+                if rnd % 2:
+                    order.reverse()
+                for label, binary in order:
+                    n += 1
+                    r = run(binary, driver, args.clients, args.tasks, work, n)
+                    r.update({"round": rnd, "driver": driver, "bin": label})
+                    print(json.dumps(r), flush=True)
+                    rows.append(r)
+    table = report(rows, args)
+    print(table)
+    if args.out:
+        write_block(args.out, "queue", "What unused queue features cost (issue 27)", table)
+
+
+def report(rows: list[dict], args) -> str:
+    commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True).stdout.strip()
+    errors = sum(r["errors"] for r in rows)
+    lines = [
+        f"Measured by `scripts/bench-queue` at commit `{commit}` against `{args.base_rev}` (before idempotency keys, "
+        f"priorities and delayed starts, and retry-after), alternately in the same rounds: {os.cpu_count()} cores, "
+        f"release build, `serve` with no flag but `--db` and `--listen`, `taskbroker bench` with {args.clients} clients "
+        f"and {args.tasks} `sleep 0` tasks per run (no call uses a key, a priority or a start), median of "
+        f"{args.rounds} rounds (min-max); head/base ratios taken round by round; errors in all runs: {errors}.",
+        "",
+        "| driver | tasks/s head | tasks/s base | head / base | terminal p50 ms head / base | broker CPU ms/task head / base |",
+        "| --- | --- | --- | --- | --- | --- |",
+    ]
+
+    def med(v):
+        return f"{statistics.median(v):.2f} ({min(v):.2f}-{max(v):.2f})"
+
+    for driver in args.drivers.split(","):
+        by = {(r["round"], r["bin"]): r for r in rows if r["driver"] == driver}
+        rounds = sorted({k[0] for k in by})
+        pick = lambda label, key: [by[(i, label)][key] for i in rounds]
+        ratio = lambda key: [by[(i, "head")][key] / by[(i, "base")][key] for i in rounds]
+        lines.append(
+            f"| {driver} | {statistics.median(pick('head', 'tasks_per_s')):.0f} "
+            f"| {statistics.median(pick('base', 'tasks_per_s')):.0f} | {med(ratio('tasks_per_s'))} "
+            f"| {statistics.median(pick('head', 'terminal_p50_ms')):.2f} / "
+            f"{statistics.median(pick('base', 'terminal_p50_ms')):.2f} "
+            f"| {statistics.median(pick('head', 'cpu_ms_per_task')):.3f} / "
+            f"{statistics.median(pick('base', 'cpu_ms_per_task')):.3f} |"
+        )
+    lines += ["", "Command: `scripts/bench-queue` (`--quick` for one short round)."]
+    return "\n".join(lines)
+
+
+if __name__ == "__main__":
+    main()
