@@ -10,6 +10,13 @@ rounds in alternating order, on SQLite and on PostgreSQL; the ratios are
 taken round by round. The broker's CPU time per task is read from
 /proc/<pid>/stat.
 
+Then the turns between principals (item 4): a tool that runs two at a time
+for 0.1 s; principal A queues a backlog of N tasks (200, then 5,000), then
+B queues 10; the figure is the time from B's first call to the end of B's
+last run, which in turns does not depend on N (the base, first come first
+served, is run with 200 only: behind 5,000 it would wait some 250 s). Calls
+are MCP 2026-07-28 requests with each principal's token.
+
 Prints one JSON line per run, then a Markdown table (also written between
 the "queue:start" and "queue:end" markers of --out).
 """
@@ -17,6 +24,7 @@ the "queue:start" and "queue:end" markers of --out).
 from __future__ import annotations
 
 import argparse
+import http.client
 import json
 import os
 import socket
@@ -78,6 +86,92 @@ def run(binary: str, driver: str, clients: int, tasks: int, work: str, n: int) -
             psql("postgres", f"DROP DATABASE IF EXISTS {db.rsplit('/', 1)[1]} WITH (FORCE)")
 
 
+TURNS_TOOL = """
+[[tool]]
+name = "work"
+description = "two at a time, 0.1 s each"
+command = ["sh", "-c", "args=$(cat); sleep 0.1; echo \\"$args $(date +%s%3N)\\" >> {log}; echo ok"]
+task_support = "optional"
+concurrency = 2
+"""
+
+
+def token(binary: str, db: str, principal: str) -> str:
+    out = subprocess.run([binary, "token", "create", "--principal", principal, "--db", db],
+                         capture_output=True, text=True, check=True).stdout
+    return out.strip().splitlines()[-1]
+
+
+def task_call(conn: http.client.HTTPConnection, tok: str, arguments: dict) -> None:
+    """One MCP 2026-07-28 tools/call of `work` that makes a task."""
+    body = json.dumps({
+        "jsonrpc": "2.0", "id": 1, "method": "tools/call",
+        "params": {"name": "work", "arguments": arguments, "_meta": {
+            "io.modelcontextprotocol/protocolVersion": "2026-07-28",
+            "io.modelcontextprotocol/clientCapabilities": {"extensions": {"io.modelcontextprotocol/tasks": {}}},
+        }},
+    })
+    conn.request("POST", "/mcp", body, {
+        "content-type": "application/json", "accept": "application/json, text/event-stream",
+        "mcp-protocol-version": "2026-07-28", "mcp-method": "tools/call", "mcp-name": "work",
+        "authorization": f"Bearer {tok}",
+    })
+    answer = json.loads(conn.getresponse().read())
+    if answer.get("result", {}).get("resultType") != "task":
+        raise RuntimeError(f"not a task: {answer}")
+
+
+def turns(binary: str, driver: str, backlog: int, work: str, n: int) -> dict:
+    """A's backlog, then B's 10 tasks: seconds from B's first call to B's last run's end."""
+    if driver == "sqlite":
+        db = os.path.join(work, f"t{n}.db")
+    else:
+        name = f"tb_turns_{os.getpid()}_{n}"
+        psql("postgres", f"CREATE DATABASE {name}")
+        db = f"{PGURL}/{name}"
+    subprocess.run([binary, "migrate", "--db", db], capture_output=True, check=True)
+    log = os.path.join(work, f"turns{n}.log")
+    config = os.path.join(work, f"turns{n}.toml")
+    with open(config, "w") as f:
+        f.write(TURNS_TOOL.format(log=log))
+    a, b = token(binary, db, "a"), token(binary, db, "b")
+    port = free_port()
+    err = open(os.path.join(work, f"turns{n}.err"), "w")
+    broker = subprocess.Popen([binary, "serve", "--db", db, "--listen", f"127.0.0.1:{port}", "--config", config],
+                              stdout=subprocess.DEVNULL, stderr=err)
+    try:
+        deadline = time.time() + 30
+        while True:
+            try:
+                socket.create_connection(("127.0.0.1", port), timeout=0.2).close()
+                break
+            except OSError:
+                if time.time() > deadline or broker.poll() is not None:
+                    raise RuntimeError(f"{binary} did not start; see {err.name}")
+                time.sleep(0.05)
+        conn = http.client.HTTPConnection("127.0.0.1", port)
+        for i in range(backlog):
+            task_call(conn, a, {"who": "a", "n": i})
+        start = time.time()
+        for i in range(10):
+            task_call(conn, b, {"who": "b", "n": i})
+        while True:
+            lines = open(log).read().splitlines() if os.path.exists(log) else []
+            ends = [int(l.rsplit(" ", 1)[1]) for l in lines if '"who":"b"' in l.replace(" ", "")]
+            if len(ends) == 10:
+                return {"b_seconds": max(ends) / 1000 - start,
+                        "a_before_b": sum(1 for l in lines if '"who":"a"' in l.replace(" ", ""))}
+            if time.time() - start > 600:
+                raise RuntimeError("B's tasks did not finish in 600 s")
+            time.sleep(0.05)
+    finally:
+        broker.kill()
+        broker.wait(timeout=30)
+        err.close()
+        if driver == "postgres":
+            psql("postgres", f"DROP DATABASE IF EXISTS {db.rsplit('/', 1)[1]} WITH (FORCE)")
+
+
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--bin", required=True)
@@ -87,6 +181,8 @@ def main() -> None:
     ap.add_argument("--clients", type=int, default=16)
     ap.add_argument("--tasks", type=int, default=2000)
     ap.add_argument("--drivers", default="sqlite,postgres")
+    ap.add_argument("--backlog", type=int, default=5000)
+    ap.add_argument("--turn-rounds", type=int, default=3)
     ap.add_argument("--out")
     args = ap.parse_args()
     rows = []
@@ -103,7 +199,17 @@ def main() -> None:
                     r.update({"round": rnd, "driver": driver, "bin": label})
                     print(json.dumps(r), flush=True)
                     rows.append(r)
-    table = report(rows, args)
+        fair = []
+        for rnd in range(args.turn_rounds):
+            for driver in args.drivers.split(","):
+                for label, binary, backlog in (("base", args.base, 200), ("head", args.bin, 200),
+                                               ("head", args.bin, args.backlog)):
+                    n += 1
+                    r = turns(binary, driver, backlog, work, n)
+                    r.update({"round": rnd, "driver": driver, "bin": label, "backlog": backlog})
+                    print(json.dumps(r), flush=True)
+                    fair.append(r)
+    table = report(rows, args) + "\n\n" + report_turns(fair, args)
     print(table)
     if args.out:
         write_block(args.out, "queue", "What unused queue features cost (issue 27)", table)
@@ -139,6 +245,25 @@ def report(rows: list[dict], args) -> str:
             f"| {statistics.median(pick('head', 'cpu_ms_per_task')):.3f} / "
             f"{statistics.median(pick('base', 'cpu_ms_per_task')):.3f} |"
         )
+    return "\n".join(lines)
+
+
+def report_turns(fair: list[dict], args) -> str:
+    lines = [
+        "Turns between principals (item 4): a tool that runs two at a time for 0.1 s; principal A queues a "
+        f"backlog, then B queues 10 tasks; time from B's first call to the end of B's last run, median of "
+        f"{args.turn_rounds} rounds (min-max), and how many of A's tasks had started by then.",
+        "",
+        "| driver | binary | A's backlog | B's 10 tasks done in s | A's tasks run by then |",
+        "| --- | --- | --- | --- | --- |",
+    ]
+    for driver in args.drivers.split(","):
+        for label, backlog in (("base", 200), ("head", 200), ("head", args.backlog)):
+            v = [r for r in fair if (r["driver"], r["bin"], r["backlog"]) == (driver, label, backlog)]
+            secs = [r["b_seconds"] for r in v]
+            ran = [r["a_before_b"] for r in v]
+            lines.append(f"| {driver} | {label} | {backlog:,} | {statistics.median(secs):.2f} "
+                         f"({min(secs):.2f}-{max(secs):.2f}) | {statistics.median(ran):.0f} |")
     lines += ["", "Command: `scripts/bench-queue` (`--quick` for one short round)."]
     return "\n".join(lines)
 

@@ -722,7 +722,7 @@ async fn claim_query_uses_the_partial_index_on_queued_jobs() {
     let server = Server::start(&["--workers", "0"]);
     let db = server.read_db().await;
     let plan: Vec<(i64, i64, i64, String)> = sqlx::query_as(
-        "EXPLAIN QUERY PLAN SELECT task_seq FROM jobs WHERE state = 'queued' AND run_after <= 0 ORDER BY priority DESC, task_seq LIMIT 8",
+        "EXPLAIN QUERY PLAN SELECT task_seq FROM jobs WHERE state = 'queued' AND run_after <= 0 ORDER BY priority DESC, turn, task_seq LIMIT 8",
     )
     .fetch_all(&db)
     .await

@@ -1357,3 +1357,50 @@ async fn job_checkpoint_is_fenced_and_survives_a_lost_lease(db: TestDb) {
     );
 }
 store_test!(job_checkpoint_is_fenced_and_survives_a_lost_lease);
+
+/// Issue 27 item 4: within a priority, owners take turns (each job is
+/// numbered one after its owner's last queued job of the tool, and no
+/// earlier than the tool's lowest due number), also for jobs created in
+/// one grouped batch.
+async fn job_claim_available_owners_take_turns(db: TestDb) {
+    let create = |id: &str, owner: &str| {
+        let mut task = new_task(id, owner);
+        task.tool = "echo".into();
+        task
+    };
+    for (id, owner) in [
+        ("a0", "alice"),
+        ("a1", "alice"),
+        ("a2", "alice"),
+        ("b0", "bob"),
+    ] {
+        db.store
+            .task_create(&create(id, owner), Some(JOB), None, T0)
+            .await
+            .unwrap();
+    }
+    // One batch: carol's two and alice's fourth.
+    let batch: Vec<Write> = [("c0", "carol"), ("c1", "carol"), ("a3", "alice")]
+        .iter()
+        .map(|(id, owner)| Write::Create {
+            new: create(id, owner),
+            job: Some(JOB),
+            outcome: None,
+        })
+        .collect();
+    for done in db.store.write_batch(&batch, T0 + 1).await.unwrap() {
+        done.unwrap();
+    }
+    // One at a time: the order of taking.
+    let mut order = Vec::new();
+    for n in 0..8 {
+        let claimed = db
+            .store
+            .job_claim_available("w1", &format!("lease-{n}"), &echo(10), 1, LEASE_MS, T0 + 2)
+            .await
+            .unwrap();
+        order.extend(claimed.into_iter().map(|j| j.task_id));
+    }
+    assert_eq!(order, ["a0", "b0", "c0", "a1", "c1", "a2", "a3"]);
+}
+store_test!(job_claim_available_owners_take_turns);

@@ -67,13 +67,21 @@ impl GroupCommit for PostgresStore {
         .fetch_one(&mut *conn)
         .await?;
         if let Some(job) = job {
+            let run_after = job.run_after.map_or(now, |at| at.max(now));
             sqlx::query!(
-                "INSERT INTO jobs (task_seq, tool, max_attempts, priority, run_after) VALUES ($1, $2, $3, $4, $5)",
+                "INSERT INTO jobs (task_seq, tool, owner, max_attempts, priority, run_after, turn)
+                 VALUES ($1, $2, $3, $4, $5, $6,
+                         GREATEST(COALESCE((SELECT max(turn) + 1 FROM jobs
+                                             WHERE tool = $2 AND owner = $3 AND state = 'queued'), 0),
+                                  COALESCE((SELECT min(turn) FROM jobs
+                                             WHERE tool = $2 AND state = 'queued' AND run_after <= $7), 0)))",
                 seq,
                 new.tool,
+                new.owner,
                 job.max_attempts,
                 job.priority,
-                job.run_after.map_or(now, |at| at.max(now))
+                run_after,
+                now
             )
             .execute(&mut *conn)
             .await?;
@@ -210,17 +218,17 @@ impl GroupCommit for PostgresStore {
                 cap AS (SELECT q.tool,
                                LEAST(q.free, COALESCE(q.global_limit - COALESCE(r.n, 0), q.free)) AS n
                           FROM quota q LEFT JOIN running r ON r.tool = q.tool),
-                head AS (SELECT task_seq, priority, tool FROM jobs
+                head AS (SELECT task_seq, priority, turn, tool FROM jobs
                           WHERE state = 'queued' AND run_after <= $4
                             AND tool IN (SELECT tool FROM cap WHERE n > 0)
-                          ORDER BY priority DESC, task_seq LIMIT $7
+                          ORDER BY priority DESC, turn, task_seq LIMIT $7
                           FOR UPDATE SKIP LOCKED),
-                ranked AS (SELECT task_seq, priority, tool,
-                                  row_number() OVER (PARTITION BY tool ORDER BY priority DESC, task_seq) AS rn
+                ranked AS (SELECT task_seq, priority, turn, tool,
+                                  row_number() OVER (PARTITION BY tool ORDER BY priority DESC, turn, task_seq) AS rn
                              FROM head),
                 picked AS (SELECT k.task_seq FROM ranked k JOIN cap c ON c.tool = k.tool
                             WHERE k.rn <= c.n
-                            ORDER BY k.priority DESC, k.task_seq LIMIT $5)
+                            ORDER BY k.priority DESC, k.turn, k.task_seq LIMIT $5)
            UPDATE jobs SET state = 'running', attempt = attempt + 1, lease_owner = $1,
                   lease_token = $2, lease_expires_at = $3, changed_at = $4
              FROM tasks t
@@ -286,16 +294,24 @@ impl GroupCommit for PostgresStore {
             .iter()
             .map(|j| j.job.run_after.map_or(now, |at| at.max(now)))
             .collect();
+        let owners: Vec<String> = jobs.iter().map(|j| j.owner.to_owned()).collect();
         let inserted = sqlx::query!(
-            "INSERT INTO jobs (task_seq, tool, max_attempts, priority, run_after)
-         SELECT c.seq, c.tool, c.max_attempts, c.priority, c.run_after
-           FROM unnest($1::bigint[], $2::text[], $3::bigint[], $4::bigint[], $5::bigint[])
-                AS c(seq, tool, max_attempts, priority, run_after)",
+            "INSERT INTO jobs (task_seq, tool, owner, max_attempts, priority, run_after, turn)
+         SELECT c.seq, c.tool, c.owner, c.max_attempts, c.priority, c.run_after,
+                GREATEST(COALESCE((SELECT max(turn) + 1 FROM jobs j
+                                    WHERE j.tool = c.tool AND j.owner = c.owner AND j.state = 'queued'), 0),
+                         COALESCE((SELECT min(turn) FROM jobs j
+                                    WHERE j.tool = c.tool AND j.state = 'queued' AND j.run_after <= $7), 0))
+                + row_number() OVER (PARTITION BY c.tool, c.owner ORDER BY c.seq) - 1
+           FROM unnest($1::bigint[], $2::text[], $3::text[], $4::bigint[], $5::bigint[], $6::bigint[])
+                AS c(seq, tool, owner, max_attempts, priority, run_after)",
             &seqs,
             &tools,
+            &owners,
             &max_attempts,
             &priorities,
-            &run_after
+            &run_after,
+            now
         )
         .execute(conn)
         .await?;

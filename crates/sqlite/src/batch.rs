@@ -62,13 +62,21 @@ impl GroupCommit for SqliteStore {
         .fetch_one(&mut *conn)
         .await?;
         if let Some(job) = job {
+            let run_after = job.run_after.map_or(now, |at| at.max(now));
             sqlx::query!(
-                "INSERT INTO jobs (task_seq, tool, max_attempts, priority, run_after) VALUES (?, ?, ?, ?, ?)",
+                "INSERT INTO jobs (task_seq, tool, owner, max_attempts, priority, run_after, turn)
+                 VALUES (?1, ?2, ?3, ?4, ?5, ?6,
+                         max(coalesce((SELECT max(turn) + 1 FROM jobs
+                                        WHERE tool = ?2 AND owner = ?3 AND state = 'queued'), 0),
+                             coalesce((SELECT min(turn) FROM jobs
+                                        WHERE tool = ?2 AND state = 'queued' AND run_after <= ?7), 0)))",
                 seq,
                 new.tool,
+                new.owner,
                 job.max_attempts,
                 job.priority,
-                job.run_after.map_or(now, |at| at.max(now))
+                run_after,
+                now
             )
             .execute(&mut *conn)
             .await?;
@@ -178,18 +186,18 @@ impl GroupCommit for SqliteStore {
                 cap AS (SELECT q.tool,
                                min(q.free, coalesce(q.global - coalesce(r.n, 0), q.free)) AS n
                           FROM quota q LEFT JOIN running r ON r.tool = q.tool),
-                head AS (SELECT task_seq, priority, tool FROM jobs
+                head AS (SELECT task_seq, priority, turn, tool FROM jobs
                           WHERE state = 'queued' AND run_after <= ?4
                             AND tool IN (SELECT tool FROM cap WHERE n > 0)
-                          ORDER BY priority DESC, task_seq LIMIT ?7),
-                ranked AS (SELECT task_seq, priority, tool,
-                                  row_number() OVER (PARTITION BY tool ORDER BY priority DESC, task_seq) AS rn
+                          ORDER BY priority DESC, turn, task_seq LIMIT ?7),
+                ranked AS (SELECT task_seq, priority, turn, tool,
+                                  row_number() OVER (PARTITION BY tool ORDER BY priority DESC, turn, task_seq) AS rn
                              FROM head)
            UPDATE jobs SET state = 'running', attempt = attempt + 1, lease_owner = ?1,
                   lease_token = ?2, lease_expires_at = ?3, changed_at = ?4
             WHERE task_seq IN (SELECT k.task_seq FROM ranked k JOIN cap c ON c.tool = k.tool
                                 WHERE k.rn <= c.n
-                                ORDER BY k.priority DESC, k.task_seq LIMIT ?5)
+                                ORDER BY k.priority DESC, k.turn, k.task_seq LIMIT ?5)
            RETURNING task_seq AS "task_seq!",
                      (SELECT task_id FROM tasks WHERE seq = task_seq) AS "task_id!: String",
                      tool AS "tool!: String",
@@ -254,6 +262,7 @@ impl GroupCommit for SqliteStore {
                 json!({
                     "seq": j.task_seq,
                     "tool": j.tool,
+                    "owner": j.owner,
                     "max_attempts": j.job.max_attempts,
                     "priority": j.job.priority,
                     "run_after": j.job.run_after.map_or(now, |at| at.max(now)),
@@ -262,11 +271,21 @@ impl GroupCommit for SqliteStore {
             .collect();
         let jobs = jobs.to_string();
         let inserted = sqlx::query!(
-            "INSERT INTO jobs (task_seq, tool, max_attempts, priority, run_after)
-         SELECT value ->> 'seq', value ->> 'tool', value ->> 'max_attempts', value ->> 'priority',
-                value ->> 'run_after'
-           FROM json_each(?1)",
-            jobs
+            "INSERT INTO jobs (task_seq, tool, owner, max_attempts, priority, run_after, turn)
+         SELECT c.seq, c.tool, c.owner, c.max_attempts, c.priority, c.run_after,
+                max(coalesce((SELECT max(turn) + 1 FROM jobs j
+                               WHERE j.tool = c.tool AND j.owner = c.owner AND j.state = 'queued'), 0),
+                    coalesce((SELECT min(turn) FROM jobs j
+                               WHERE j.tool = c.tool AND j.state = 'queued' AND j.run_after <= ?2), 0))
+                + c.nth
+           FROM (SELECT value ->> 'seq' AS seq, value ->> 'tool' AS tool, value ->> 'owner' AS owner,
+                        value ->> 'max_attempts' AS max_attempts, value ->> 'priority' AS priority,
+                        value ->> 'run_after' AS run_after,
+                        row_number() OVER (PARTITION BY value ->> 'tool', value ->> 'owner'
+                                           ORDER BY value ->> 'seq') - 1 AS nth
+                   FROM json_each(?1)) AS c",
+            jobs,
+            now
         )
         .execute(conn)
         .await?;

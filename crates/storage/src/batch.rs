@@ -39,7 +39,9 @@ pub struct GroupedJob<'a> {
     pub task_seq: i64,
     /// The tool (the job's copy of the task's).
     pub tool: &'a str,
-    /// Attempts and priority.
+    /// Whose task it is (the job's copy, for turns between requestors).
+    pub owner: &'a str,
+    /// Attempts, priority, start.
     pub job: NewJob,
 }
 
@@ -356,6 +358,7 @@ async fn create_many<D: GroupCommit>(
         jobs.push(GroupedJob {
             task_seq: row.seq,
             tool: &row.tool,
+            owner: &row.owner,
             job: *job,
         });
     }

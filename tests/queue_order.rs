@@ -1,13 +1,14 @@
-//! Priorities and delayed starts (issue 27 item 2), through the real
-//! `taskbroker serve` over HTTP on both storage drivers, with a command
-//! tool that writes when it starts: claims take the highest priority first
+//! The order of the queue (issue 27 items 2 and 4), through the real
+//! `taskbroker serve` over HTTP on both storage drivers, with command tools
+//! that write when they start: claims take the highest priority first
 //! (names and numbers, per call in `_meta`, the tool's default from the
 //! config); a delayed task says `queued: starts at ...` and does not start
-//! before; `taskbroker tasks list --db` shows both; what the config or the
-//! ttl does not allow, and bad values, are -32602 naming them; both
-//! protocol generations and `taskbroker call --priority --delay` carry them;
-//! a broker without workers queues and another broker's workers run them on
-//! one PostgreSQL.
+//! before; requestors (principals) take turns, so one with a backlog does
+//! not hold back one with a few tasks; `taskbroker tasks list --db` shows
+//! priority and start; what the config or the ttl does not allow, and bad
+//! values, are -32602 naming them; both protocol generations and
+//! `taskbroker call --priority --delay` carry them; a broker without
+//! workers queues and another broker's workers run them on one PostgreSQL.
 
 #![allow(clippy::unwrap_used)] // tests: a failed unwrap is a failed test
 
@@ -18,7 +19,7 @@ use std::path::Path;
 use std::process::Command;
 use std::time::{Duration, Instant};
 
-use common::{Client, Driver, Server};
+use common::{Client, Driver, Server, create_token};
 use serde_json::{Value, json};
 
 const PRIORITY: &str = "taskbroker/priority";
@@ -138,6 +139,88 @@ async fn queue_by_priority(creator: &Server, runner: &Server) {
         ]
     );
 }
+
+/// `turns`: one at a time, 50 ms each, writing when it starts.
+const TURNS: &str = r#"
+[[tool]]
+name = "turns"
+description = "one at a time"
+command = ["sh", "-c", "args=$(cat); echo \"$args $(date +%s%3N)\" >> @DIR@/starts.log; sleep 0.05; echo ok"]
+task_support = "optional"
+concurrency = 1
+"#;
+
+/// A client of `server` acting as `principal` (a token of its own).
+async fn principal(server: &Server, token_db: &Server, principal: &str) -> Client {
+    let mut c = Client::new(&server.url);
+    c.token = Some(create_token(token_db, principal, &[]));
+    c.initialize().await;
+    c
+}
+
+/// Through `creator`, alice queues 30 tasks of the one-at-a-time tool,
+/// then bob 3: bob's start among alice's backlog (alice's starts after his
+/// first call and before his last start are counted, not timed). In turns,
+/// at most one of alice's per turn of bob's, and the one running.
+async fn take_turns(creator: &Server, runner_dir: &Path) {
+    let mut alice = principal(creator, creator, "alice").await;
+    let mut bob = principal(creator, creator, "bob").await;
+    let mut ids = Vec::new();
+    for n in 0..30 {
+        let task = task_of(
+            &call(
+                &mut alice,
+                "turns",
+                json!({ "who": "alice", "n": n }),
+                json!({}),
+            )
+            .await,
+        );
+        ids.push((task["taskId"].as_str().unwrap().to_owned(), false));
+    }
+    let mut seen = 0;
+    for n in 0..3 {
+        let task = task_of(
+            &call(
+                &mut bob,
+                "turns",
+                json!({ "who": "bob", "n": n }),
+                json!({}),
+            )
+            .await,
+        );
+        if n == 0 {
+            seen = starts(runner_dir).len();
+        }
+        ids.push((task["taskId"].as_str().unwrap().to_owned(), true));
+    }
+    for (id, bobs) in &ids {
+        let c = if *bobs { &mut bob } else { &mut alice };
+        let done = c.wait_terminal(id, Duration::from_secs(60)).await;
+        assert_eq!(done["status"], "completed", "{done}");
+    }
+    let order: Vec<String> = starts(runner_dir)
+        .into_iter()
+        .map(|(a, _)| a["who"].as_str().unwrap().to_owned())
+        .collect();
+    assert_eq!(order.len(), 33, "{order:?}");
+    let last_bob = order.iter().rposition(|w| w == "bob").unwrap();
+    let alice_between = order[seen.min(last_bob)..last_bob]
+        .iter()
+        .filter(|w| *w == "alice")
+        .count();
+    assert!(
+        alice_between <= 5,
+        "bob waited behind {alice_between} of alice's tasks (in turns: at most 5): {order:?} (bob came at {seen})"
+    );
+}
+
+/// Issue 27 item 4: two principals on one tool take turns.
+async fn principals_take_turns(driver: Driver) {
+    let server = Server::start_with_config_on(driver, TURNS, &[]);
+    take_turns(&server, &server.dir).await;
+}
+both_drivers!(principals_take_turns);
 
 /// Issue 27 item 2: claims take higher priority first, within the tool's
 /// concurrency (one at a time here).
@@ -438,4 +521,17 @@ async fn across_brokers_priorities_and_starts_hold() {
         .await;
     db.close().await;
     assert_eq!(elsewhere, 0, "every job ran in the broker with workers");
+}
+
+/// Issue 27 item 4 with two brokers on one PostgreSQL: calls to one
+/// without workers, run by the other's, still in turns.
+#[tokio::test]
+async fn across_brokers_principals_take_turns() {
+    if !common::pg::available() {
+        return;
+    }
+    let front = Server::start_with_config_on(Driver::Postgres, TURNS, &["--workers", "0"]);
+    let config = front.config_path();
+    let _back = Server::start_sharing(&front, &["--config", &config]);
+    take_turns(&front, &front.dir).await;
 }
