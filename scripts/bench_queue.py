@@ -209,10 +209,10 @@ def main() -> None:
                     r.update({"round": rnd, "driver": driver, "bin": label, "backlog": backlog})
                     print(json.dumps(r), flush=True)
                     fair.append(r)
-    table = report(rows, args) + "\n\n" + report_turns(fair, args)
+    table = report(rows, args) + ("\n\n" + report_turns(fair, args) if fair else "")
     print(table)
     if args.out:
-        write_block(args.out, "queue", "What unused queue features cost (issue 27)", table)
+        write_block(args.out, "queue", "The order of the queue (issue 27)", table)
 
 
 def report(rows: list[dict], args) -> str:

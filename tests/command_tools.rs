@@ -819,6 +819,17 @@ fn bad_priority_settings_are_refused_at_start_with_file_and_line() {
         err.contains("max_priority normal (0) is below priority high (10)"),
         "{err}"
     );
+    // A max_priority below the default (normal) without a priority.
+    let (f, err) = serve_refuses(&tool("max_priority = \"low\"\n"));
+    assert!(
+        err.contains(&format!("{f}:5:")) && err.contains("below priority normal (0)"),
+        "{err}"
+    );
+    let (f, err) = serve_refuses(&tool("priority = 1.5\n"));
+    assert!(
+        err.contains(&format!("{f}:5:")) && err.contains("not a whole number"),
+        "{err}"
+    );
     let (f, err) = serve_refuses(&tool("max_delay = \"soon\"\n"));
     assert!(
         err.contains(&format!("{f}:5:")) && err.contains("not a duration"),

@@ -27,13 +27,13 @@ const DELAY: &str = "taskbroker/delay";
 const START_AT: &str = "taskbroker/startAt";
 
 /// `step` appends `<its arguments> <start ms>` to `starts.log` and runs one
-/// at a time (a blocker sleeps a second, so the rest queue behind it);
+/// at a time (a blocker waits for a file `go`, so the rest queue behind it);
 /// `low` gets priority low unless a call asks otherwise.
 const CONFIG: &str = r#"
 [[tool]]
 name = "step"
 description = "writes when it starts"
-command = ["sh", "-c", "args=$(cat); echo \"$args $(date +%s%3N)\" >> @DIR@/starts.log; case \"$args\" in *blocker*) sleep 1;; esac; echo ok"]
+command = ["sh", "-c", "args=$(cat); echo \"$args $(date +%s%3N)\" >> @DIR@/starts.log; case \"$args\" in *blocker*) while [ ! -f @DIR@/go ]; do sleep 0.02; done;; esac; echo ok"]
 task_support = "optional"
 concurrency = 1
 max_priority = "highest"
@@ -93,7 +93,7 @@ fn task_of(answer: &Value) -> Value {
 }
 
 /// Queue a blocker through `creator`, then (once it runs in `runner`'s
-/// directory) five tasks of the one-at-a-time tool asking for priorities
+/// directory, where it waits for a file `go`) six tasks of the one-at-a-time tool asking for priorities
 /// by name and number, and none; they start highest first, and in the
 /// order made within a priority.
 async fn queue_by_priority(creator: &Server, runner: &Server) {
@@ -118,6 +118,7 @@ async fn queue_by_priority(creator: &Server, runner: &Server) {
         let task = task_of(&call(&mut c, "step", json!({ "n": name }), meta).await);
         ids.push(task["taskId"].as_str().unwrap().to_owned());
     }
+    std::fs::write(runner.dir.join("go"), "").unwrap();
     for id in &ids {
         let done = c.wait_terminal(id, Duration::from_secs(30)).await;
         assert_eq!(done["status"], "completed", "{done}");
@@ -382,7 +383,7 @@ async fn what_the_tool_or_the_ttl_does_not_allow_is_refused_by_name() {
         plain["error"]["message"]
             .as_str()
             .unwrap()
-            .contains("call it as a task"),
+            .contains("runs at once"),
         "{plain}"
     );
     let listed = c.ok("tasks/list", json!({})).await;

@@ -4,14 +4,19 @@
 --   runs first), and a job may be queued to start later (run_after in the
 --   future).
 -- * Within a priority, requestors take turns: each job gets a turn number
---   when it is queued, one after its owner's last queued job of the same
---   tool, and no earlier than the lowest turn of that tool's due jobs (so a
---   newcomer neither jumps a long-waiting backlog nor waits behind it).
---   Claims take the lowest turn first, then the oldest: a requestor with
---   10,000 jobs queued and one with a single job alternate.
+--   when it is queued, one after its owner's last due job of the same
+--   priority (any tool: one requestor's jobs keep their order), and no
+--   earlier than the turn the job's tool and priority has
+--   reached (the highest turn running, else the lowest due one), so a
+--   newcomer neither jumps a long-waiting backlog nor waits behind it, and
+--   a job that waited for its start or was given back does not pull the
+--   turns back. Claims take the lowest turn first, then the oldest: a
+--   requestor with 10,000 jobs queued and one with a single job alternate.
 -- * Claims walk queued jobs by priority (highest first), turn and age: the
---   index is rebuilt in that order so the walk needs no sort; two small
---   partial indexes find an owner's last turn and a tool's lowest.
+--   index is rebuilt in that order so the walk needs no sort; small partial
+--   indexes find an owner's last turn, a tool's lowest waiting turn and its
+--   highest running one (jobs_running_tool, which holds priority and turn
+--   now and still counts a tool's running jobs for its global limit).
 -- * A task whose job waits for its start says so: "queued: starts at
 --   <time>" (after a requeue, the error instead, as before), and
 --   tasks_as_served gives the job's priority and that start time (NULL once
@@ -23,8 +28,10 @@ UPDATE jobs SET owner = (SELECT owner FROM tasks WHERE tasks.seq = jobs.task_seq
 
 DROP INDEX jobs_queued;
 CREATE INDEX jobs_queued ON jobs (priority DESC, turn, task_seq, tool, run_after) WHERE state = 'queued';
-CREATE INDEX jobs_queued_owner_turn ON jobs (tool, owner, turn) WHERE state = 'queued';
-CREATE INDEX jobs_queued_tool_turn ON jobs (tool, turn, run_after) WHERE state = 'queued';
+CREATE INDEX jobs_queued_owner_turn ON jobs (priority, owner, turn, run_after) WHERE state = 'queued';
+CREATE INDEX jobs_queued_tool_turn ON jobs (tool, priority, turn, run_after) WHERE state = 'queued';
+DROP INDEX jobs_running_tool;
+CREATE INDEX jobs_running_tool ON jobs (tool, priority, turn) WHERE state = 'running';
 
 DROP VIEW tasks_as_served;
 

@@ -166,6 +166,12 @@ impl Feed {
         self.announce(Signal::SlotFreed);
     }
 
+    /// Tell the claimers of every process that a job queued here to start
+    /// later is due.
+    pub fn announce_due(&self) {
+        self.announce(Signal::Due);
+    }
+
     fn announce(&self, signal: Signal) {
         if let Some(store) = self.store.get() {
             store.announce(signal);

@@ -73,9 +73,9 @@ impl Requested {
             return Ok(());
         }
         Err(BrokerError::InvalidParams(format!(
-            "Invalid params: a priority or a start time applies to a task, and this call of \
-             '{tool}' runs at once; call it as a task ({PRIORITY_META}, {DELAY_META} and \
-             {START_AT_META} go with a task call)"
+            "Invalid params: this call of '{tool}' runs at once (it is not a task), so it has no \
+             place in the queue: {PRIORITY_META}, {DELAY_META} and {START_AT_META} go with task \
+             calls only"
         )))
     }
 

@@ -1,6 +1,6 @@
 //! Wakes claimers when a job queued to start later becomes due: this
-//! process's pool at once, other processes through the feed's "queued"
-//! signal, as a job queued now would. The times are those of the jobs this
+//! process's pool at once, other processes with `Signal::Due` (the queue
+//! wake file, or a notification on `taskbroker_queued`). The times are those of the jobs this
 //! process queued; jobs queued elsewhere (or before a restart) are found by
 //! the pools' idle looks, within `idle_max` of their start.
 
@@ -62,7 +62,7 @@ async fn ring(alarm: Arc<StartAlarm>, job_queued: Arc<Notify>, feed: Feed) {
         let (passed, next) = alarm.next(now_ms());
         if passed {
             job_queued.notify_one();
-            feed.announce_queued();
+            feed.announce_due();
         }
         // A time set meanwhile left a permit: the wait ends at once.
         match next {

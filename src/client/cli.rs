@@ -192,7 +192,6 @@ fn parse_url(s: &str) -> Result<Url, String> {
     }
 }
 
-/// A JSON object, for `--args`.
 impl CallArgs {
     /// The `_meta` of a task call: its idempotency key, priority and
     /// delay, when given.
@@ -220,6 +219,7 @@ fn parse_priority(s: &str) -> Result<Value, String> {
     crate::tools::parse_priority(&value).map(|_| value)
 }
 
+/// A JSON object, for `--args`.
 fn parse_json_object(s: &str) -> Result<Map<String, Value>, String> {
     match serde_json::from_str::<Value>(s) {
         Ok(Value::Object(map)) => Ok(map),

@@ -13,7 +13,9 @@ use std::time::Duration;
 use serde::Deserialize;
 use toml::Spanned;
 
-use crate::tools::{CommandSpec, CommandTool, QueueSettings, TaskSupport, Tool, ToolDefinition};
+use crate::tools::{
+    CommandSpec, CommandTool, QueuePolicy, QueueSettings, TaskSupport, Tool, ToolDefinition,
+};
 use crate::upstream::UpstreamSpec;
 
 mod upstream;
@@ -451,8 +453,10 @@ impl Config {
             max_priority: self.priority(max_priority, what, "max_priority")?,
             max_delay: self.duration(max_delay)?,
         };
-        if let (Some(p), Some(max), Some(at)) =
-            (settings.priority, settings.max_priority, max_priority)
+        // Without a priority of its own the section's calls get the default
+        // (normal); an enclosing section's is checked where it is written.
+        let p = settings.priority.unwrap_or(QueuePolicy::default().priority);
+        if let (Some(max), Some(at)) = (settings.max_priority, max_priority)
             && max < p
         {
             return Err(self.error(
@@ -480,6 +484,7 @@ impl Config {
         let json = match value.get_ref() {
             toml::Value::String(s) => serde_json::Value::from(s.as_str()),
             toml::Value::Integer(n) => serde_json::Value::from(*n),
+            toml::Value::Float(x) => serde_json::json!(x),
             other => serde_json::Value::from(other.to_string()),
         };
         crate::tools::parse_priority(&json).map(Some).map_err(|e| {

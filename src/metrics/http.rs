@@ -77,7 +77,7 @@ impl Scrape {
         let now = now_ms();
         let store = &self.store;
         let reads = async {
-            let queue = store.metrics_queue_by_tool().await?;
+            let queue = store.metrics_queue_by_tool(now).await?;
             let workers = store.metrics_worker_counts().await?;
             let size = store.metrics_database_size().await?;
             let sessions = match self.session_idle_ms {

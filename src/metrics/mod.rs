@@ -141,7 +141,7 @@ static REGISTRY: LazyLock<Registry> = LazyLock::new(|| {
     );
     r.register(
         "queue_oldest_age_seconds",
-        "Age of the oldest queued job's task, by tool; read at scrape",
+        "Age of the task of the oldest queued job that is due (not waiting for its start), by tool; read at scrape",
         m.queue_oldest_age.clone(),
     );
     r.register(

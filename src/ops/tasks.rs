@@ -1,7 +1,7 @@
 //! `taskbroker tasks list --db DB`: every owner's tasks, read from the
 //! database, filtered and paged newest first (keyset paging: the cursor is
-//! the row key of the last task shown). A queued job's priority is shown,
-//! and a delayed one's start in its status message (`queued: starts at`).
+//! the row key of the last task shown). Each task's job priority is shown,
+//! and a delayed job's start in its status message (`queued: starts at`).
 
 use serde_json::{Value, json};
 

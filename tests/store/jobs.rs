@@ -1404,3 +1404,59 @@ async fn job_claim_available_owners_take_turns(db: TestDb) {
     assert_eq!(order, ["a0", "b0", "c0", "a1", "c1", "a2", "a3"]);
 }
 store_test!(job_claim_available_owners_take_turns);
+
+/// Issue 27 item 4: turns are kept per priority (a requestor's high job is
+/// not numbered after its normal backlog), and jobs that wait for their
+/// start neither use up their owner's turns nor hold the turns back.
+async fn job_claim_available_turns_by_priority_and_start(db: TestDb) {
+    let create = |id: &str, owner: &str| {
+        let mut task = new_task(id, owner);
+        task.tool = "echo".into();
+        task
+    };
+    let job = |priority: i64, run_after: Option<i64>| NewJob {
+        max_attempts: 3,
+        priority,
+        run_after,
+    };
+    let specs: [(&str, &str, i64, Option<i64>); 13] = [
+        // Alice: three normal jobs, two for later, then one now; then bob
+        // four.
+        ("a0", "alice", 0, None),
+        ("a1", "alice", 0, None),
+        ("a2", "alice", 0, None),
+        ("later-0", "alice", 0, Some(T0 + 10_000)),
+        ("later-1", "alice", 0, Some(T0 + 10_000)),
+        ("a-now", "alice", 0, None),
+        ("b0", "bob", 0, None),
+        ("b1", "bob", 0, None),
+        ("b2", "bob", 0, None),
+        ("b3", "bob", 0, None),
+        // Then one high of alice's and two of bob's.
+        ("a-high", "alice", 10, None),
+        ("b-high-0", "bob", 10, None),
+        ("b-high-1", "bob", 10, None),
+    ];
+    for (id, owner, priority, run_after) in specs {
+        db.store
+            .task_create(&create(id, owner), Some(job(priority, run_after)), None, T0)
+            .await
+            .unwrap();
+    }
+    let mut order = Vec::new();
+    for n in 0..12 {
+        let claimed = db
+            .store
+            .job_claim_available("w1", &format!("lease-{n}"), &echo(10), 1, LEASE_MS, T0 + 1)
+            .await
+            .unwrap();
+        order.extend(claimed.into_iter().map(|j| j.task_id));
+    }
+    assert_eq!(
+        order,
+        [
+            "a-high", "b-high-0", "b-high-1", "a0", "b0", "a1", "b1", "a2", "b2", "a-now", "b3"
+        ]
+    );
+}
+store_test!(job_claim_available_turns_by_priority_and_start);

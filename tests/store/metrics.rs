@@ -24,7 +24,13 @@ async fn metrics_reads_match_the_rows(db: TestDb) {
     );
     let empty_size = db.store.metrics_database_size().await.unwrap();
     assert!(empty_size > 0, "{empty_size}");
-    assert!(db.store.metrics_queue_by_tool().await.unwrap().is_empty());
+    assert!(
+        db.store
+            .metrics_queue_by_tool(crate::ops::OPS_NOW)
+            .await
+            .unwrap()
+            .is_empty()
+    );
     assert_eq!(
         db.store.metrics_worker_counts().await.unwrap(),
         WorkerCounts::default()
@@ -41,7 +47,11 @@ async fn metrics_reads_match_the_rows(db: TestDb) {
     db.store.metrics_ping().await.unwrap();
     let size = db.store.metrics_database_size().await.unwrap();
     assert!(size >= empty_size, "{size} < {empty_size}");
-    let mut queues = db.store.metrics_queue_by_tool().await.unwrap();
+    let mut queues = db
+        .store
+        .metrics_queue_by_tool(crate::ops::OPS_NOW)
+        .await
+        .unwrap();
     queues.sort_by(|a, b| a.tool.cmp(&b.tool));
     assert_eq!(
         queues,

@@ -9,7 +9,7 @@ use super::*;
 
 /// The clock of [`ops_world`]: two hours after `T0`, so that tasks can
 /// finish more than an hour before it.
-const OPS_NOW: i64 = T0 + 2 * HOUR_MS;
+pub(crate) const OPS_NOW: i64 = T0 + 2 * HOUR_MS;
 
 /// `ms` before [`OPS_NOW`].
 pub(super) fn ago(ms: i64) -> i64 {

@@ -72,9 +72,13 @@ impl GroupCommit for PostgresStore {
                 "INSERT INTO jobs (task_seq, tool, owner, max_attempts, priority, run_after, turn)
                  VALUES ($1, $2, $3, $4, $5, $6,
                          GREATEST(COALESCE((SELECT max(turn) + 1 FROM jobs
-                                             WHERE tool = $2 AND owner = $3 AND state = 'queued'), 0),
-                                  COALESCE((SELECT min(turn) FROM jobs
-                                             WHERE tool = $2 AND state = 'queued' AND run_after <= $7), 0)))",
+                                             WHERE priority = $5 AND owner = $3
+                                               AND state = 'queued' AND run_after <= $7), 0),
+                                  COALESCE((SELECT max(turn) FROM jobs
+                                             WHERE tool = $2 AND priority = $5 AND state = 'running'),
+                                           (SELECT min(turn) FROM jobs
+                                             WHERE tool = $2 AND priority = $5 AND state = 'queued'
+                                               AND run_after <= $7), 0)))",
                 seq,
                 new.tool,
                 new.owner,
@@ -299,10 +303,14 @@ impl GroupCommit for PostgresStore {
             "INSERT INTO jobs (task_seq, tool, owner, max_attempts, priority, run_after, turn)
          SELECT c.seq, c.tool, c.owner, c.max_attempts, c.priority, c.run_after,
                 GREATEST(COALESCE((SELECT max(turn) + 1 FROM jobs j
-                                    WHERE j.tool = c.tool AND j.owner = c.owner AND j.state = 'queued'), 0),
-                         COALESCE((SELECT min(turn) FROM jobs j
-                                    WHERE j.tool = c.tool AND j.state = 'queued' AND j.run_after <= $7), 0))
-                + row_number() OVER (PARTITION BY c.tool, c.owner ORDER BY c.seq) - 1
+                                    WHERE j.priority = c.priority AND j.owner = c.owner
+                                      AND j.state = 'queued' AND j.run_after <= $7), 0),
+                         COALESCE((SELECT max(turn) FROM jobs j
+                                    WHERE j.tool = c.tool AND j.priority = c.priority AND j.state = 'running'),
+                                  (SELECT min(turn) FROM jobs j
+                                    WHERE j.tool = c.tool AND j.priority = c.priority AND j.state = 'queued'
+                                      AND j.run_after <= $7), 0))
+                + row_number() OVER (PARTITION BY c.owner, c.priority ORDER BY c.seq) - 1
            FROM unnest($1::bigint[], $2::text[], $3::text[], $4::bigint[], $5::bigint[], $6::bigint[])
                 AS c(seq, tool, owner, max_attempts, priority, run_after)",
             &seqs,

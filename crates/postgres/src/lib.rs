@@ -309,8 +309,9 @@ impl Storage for PostgresStore {
 
     fn announce(&self, signal: Signal) {
         // The schema's triggers notify the listeners of each kind at commit;
-        // a freed slot is in no row, so it is told here.
-        if signal == Signal::SlotFreed {
+        // a freed slot, or a start that came, is in no row, so it is told
+        // here.
+        if matches!(signal, Signal::SlotFreed | Signal::Due) {
             let pool = self.pool.clone();
             tokio::spawn(async move {
                 if let Err(e) =

@@ -16,12 +16,15 @@ impl MetricsStore for PostgresStore {
 
     /// An index-only scan of the partial index `jobs_queued` (queued jobs
     /// only), then one task row per tool by its key.
-    async fn metrics_queue_by_tool(&self) -> Result<Vec<QueueDepth>, StoreError> {
+    async fn metrics_queue_by_tool(&self, now: i64) -> Result<Vec<QueueDepth>, StoreError> {
         let rows = sqlx::query!(
-            r#"SELECT q.tool AS "tool!", q.depth AS "depth!", t.created_at AS "oldest_created_at!"
-                 FROM (SELECT tool, count(*) AS depth, min(task_seq) AS oldest
+            r#"SELECT q.tool AS "tool!", q.depth AS "depth!",
+                      COALESCE(t.created_at, $1) AS "oldest_created_at!"
+                 FROM (SELECT tool, count(*) AS depth,
+                              min(task_seq) FILTER (WHERE run_after <= $1) AS oldest
                          FROM jobs WHERE state = 'queued' GROUP BY tool) AS q
-                 JOIN tasks AS t ON t.seq = q.oldest"#
+                 LEFT JOIN tasks AS t ON t.seq = q.oldest"#,
+            now
         )
         .fetch_all(&self.pool)
         .await?;

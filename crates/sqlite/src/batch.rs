@@ -67,9 +67,13 @@ impl GroupCommit for SqliteStore {
                 "INSERT INTO jobs (task_seq, tool, owner, max_attempts, priority, run_after, turn)
                  VALUES (?1, ?2, ?3, ?4, ?5, ?6,
                          max(coalesce((SELECT max(turn) + 1 FROM jobs
-                                        WHERE tool = ?2 AND owner = ?3 AND state = 'queued'), 0),
-                             coalesce((SELECT min(turn) FROM jobs
-                                        WHERE tool = ?2 AND state = 'queued' AND run_after <= ?7), 0)))",
+                                        WHERE priority = ?5 AND owner = ?3
+                                          AND state = 'queued' AND run_after <= ?7), 0),
+                             coalesce((SELECT max(turn) FROM jobs
+                                        WHERE tool = ?2 AND priority = ?5 AND state = 'running'),
+                                      (SELECT min(turn) FROM jobs
+                                        WHERE tool = ?2 AND priority = ?5 AND state = 'queued'
+                                          AND run_after <= ?7), 0)))",
                 seq,
                 new.tool,
                 new.owner,
@@ -274,14 +278,18 @@ impl GroupCommit for SqliteStore {
             "INSERT INTO jobs (task_seq, tool, owner, max_attempts, priority, run_after, turn)
          SELECT c.seq, c.tool, c.owner, c.max_attempts, c.priority, c.run_after,
                 max(coalesce((SELECT max(turn) + 1 FROM jobs j
-                               WHERE j.tool = c.tool AND j.owner = c.owner AND j.state = 'queued'), 0),
-                    coalesce((SELECT min(turn) FROM jobs j
-                               WHERE j.tool = c.tool AND j.state = 'queued' AND j.run_after <= ?2), 0))
+                               WHERE j.priority = c.priority AND j.owner = c.owner
+                                 AND j.state = 'queued' AND j.run_after <= ?2), 0),
+                    coalesce((SELECT max(turn) FROM jobs j
+                               WHERE j.tool = c.tool AND j.priority = c.priority AND j.state = 'running'),
+                             (SELECT min(turn) FROM jobs j
+                               WHERE j.tool = c.tool AND j.priority = c.priority AND j.state = 'queued'
+                                 AND j.run_after <= ?2), 0))
                 + c.nth
            FROM (SELECT value ->> 'seq' AS seq, value ->> 'tool' AS tool, value ->> 'owner' AS owner,
                         value ->> 'max_attempts' AS max_attempts, value ->> 'priority' AS priority,
                         value ->> 'run_after' AS run_after,
-                        row_number() OVER (PARTITION BY value ->> 'tool', value ->> 'owner'
+                        row_number() OVER (PARTITION BY value ->> 'owner', value ->> 'priority'
                                            ORDER BY value ->> 'seq') - 1 AS nth
                    FROM json_each(?1)) AS c",
             jobs,

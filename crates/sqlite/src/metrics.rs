@@ -16,13 +16,15 @@ impl MetricsStore for SqliteStore {
 
     /// Walks the partial index `jobs_queued` (queued jobs only: finished
     /// ones cost nothing), then one task row per tool by its key.
-    async fn metrics_queue_by_tool(&self) -> Result<Vec<QueueDepth>, StoreError> {
+    async fn metrics_queue_by_tool(&self, now: i64) -> Result<Vec<QueueDepth>, StoreError> {
         let rows = sqlx::query!(
             r#"SELECT q.tool AS "tool!: String", q.depth AS "depth!: i64",
-                      t.created_at AS "oldest_created_at!: i64"
-                 FROM (SELECT tool, count(*) AS depth, min(task_seq) AS oldest
+                      coalesce(t.created_at, ?1) AS "oldest_created_at!: i64"
+                 FROM (SELECT tool, count(*) AS depth,
+                              min(task_seq) FILTER (WHERE run_after <= ?1) AS oldest
                          FROM jobs WHERE state = 'queued' GROUP BY tool) q
-                 JOIN tasks t ON t.seq = q.oldest"#
+                 LEFT JOIN tasks t ON t.seq = q.oldest"#,
+            now
         )
         .fetch_all(&self.read)
         .await?;

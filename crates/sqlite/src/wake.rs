@@ -44,7 +44,7 @@ impl Wakes {
     pub fn file(&self, signal: Signal) -> &WakeFile {
         match signal {
             Signal::Changed => &self.changed,
-            Signal::Queued | Signal::SlotFreed => &self.queued,
+            Signal::Queued | Signal::SlotFreed | Signal::Due => &self.queued,
             Signal::Control => &self.control,
         }
     }

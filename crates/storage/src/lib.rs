@@ -167,6 +167,9 @@ pub enum Signal {
     /// or waits for its client): claimers may take another job of it. No
     /// row says so, so the process says it (on every driver).
     SlotFreed,
+    /// A job queued to start later became due: claimers may take it. No
+    /// row changes then, so the process that queued it says it.
+    Due,
 }
 
 /// Which commits of other processes wake a change feed (its `remote`).

@@ -10,10 +10,11 @@ use crate::StoreError;
 pub struct QueueDepth {
     /// The tool.
     pub tool: String,
-    /// Jobs in state `queued` (waiting for a worker, or for their retry
-    /// backoff).
+    /// Jobs in state `queued` (waiting for a worker, for their retry
+    /// backoff, or for the start their call asked for).
     pub depth: i64,
-    /// Creation time (ms) of the oldest queued job's task.
+    /// Creation time (ms) of the task of the oldest job that is due (`now`
+    /// when none is: a job waiting for its start is no backlog).
     pub oldest_created_at: i64,
 }
 
@@ -43,8 +44,9 @@ pub struct SchemaVersions {
 pub trait MetricsStore {
     /// A trivial query: the database answers.
     async fn metrics_ping(&self) -> Result<(), StoreError>;
-    /// Queued jobs by tool, through the partial index of queued jobs.
-    async fn metrics_queue_by_tool(&self) -> Result<Vec<QueueDepth>, StoreError>;
+    /// Queued jobs by tool at `now`, through the partial index of queued
+    /// jobs.
+    async fn metrics_queue_by_tool(&self, now: i64) -> Result<Vec<QueueDepth>, StoreError>;
     /// Worker pools by state.
     async fn metrics_worker_counts(&self) -> Result<WorkerCounts, StoreError>;
     /// The database's size in bytes.
