@@ -42,6 +42,25 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
+def start_broker(binary: str, db: str, extra: list[str], err_path: str) -> tuple[subprocess.Popen, int]:
+    """`taskbroker serve` on a free port, once it accepts connections."""
+    port = free_port()
+    err = open(err_path, "w")
+    broker = subprocess.Popen([binary, "serve", "--db", db, "--listen", f"127.0.0.1:{port}", *extra],
+                              stdout=subprocess.DEVNULL, stderr=err)
+    err.close()
+    deadline = time.time() + 30
+    while True:
+        try:
+            socket.create_connection(("127.0.0.1", port), timeout=0.2).close()
+            return broker, port
+        except OSError:
+            if time.time() > deadline or broker.poll() is not None:
+                broker.kill()
+                raise RuntimeError(f"{binary} did not start; see {err_path}")
+            time.sleep(0.05)
+
+
 def run(binary: str, driver: str, clients: int, tasks: int, work: str, n: int) -> dict:
     """One broker on a fresh database, one bench against it."""
     if driver == "sqlite":
@@ -50,21 +69,9 @@ def run(binary: str, driver: str, clients: int, tasks: int, work: str, n: int) -
         name = f"tb_queue_{os.getpid()}_{n}"
         psql("postgres", f"CREATE DATABASE {name}")
         db = f"{PGURL}/{name}"
-    port = free_port()
+    broker, port = start_broker(binary, db, [], os.path.join(work, f"serve{n}.log"))
     url = f"http://127.0.0.1:{port}/mcp"
-    log = open(os.path.join(work, f"serve{n}.log"), "w")
-    broker = subprocess.Popen([binary, "serve", "--db", db, "--listen", f"127.0.0.1:{port}"],
-                              stdout=subprocess.DEVNULL, stderr=log)
     try:
-        deadline = time.time() + 30
-        while True:
-            try:
-                socket.create_connection(("127.0.0.1", port), timeout=0.2).close()
-                break
-            except OSError:
-                if time.time() > deadline or broker.poll() is not None:
-                    raise RuntimeError(f"{binary} did not start; see {log.name}")
-                time.sleep(0.05)
         before = cpu_seconds(broker.pid)
         out = subprocess.run([binary, "bench", "--url", url, "--clients", str(clients), "--tasks", str(tasks),
                               "--json"], capture_output=True, text=True, check=True).stdout
@@ -81,7 +88,6 @@ def run(binary: str, driver: str, clients: int, tasks: int, work: str, n: int) -
     finally:
         broker.terminate()
         broker.wait(timeout=30)
-        log.close()
         if driver == "postgres":
             psql("postgres", f"DROP DATABASE IF EXISTS {db.rsplit('/', 1)[1]} WITH (FORCE)")
 
@@ -135,20 +141,8 @@ def turns(binary: str, driver: str, backlog: int, work: str, n: int) -> dict:
     with open(config, "w") as f:
         f.write(TURNS_TOOL.format(log=log))
     a, b = token(binary, db, "a"), token(binary, db, "b")
-    port = free_port()
-    err = open(os.path.join(work, f"turns{n}.err"), "w")
-    broker = subprocess.Popen([binary, "serve", "--db", db, "--listen", f"127.0.0.1:{port}", "--config", config],
-                              stdout=subprocess.DEVNULL, stderr=err)
+    broker, port = start_broker(binary, db, ["--config", config], os.path.join(work, f"turns{n}.err"))
     try:
-        deadline = time.time() + 30
-        while True:
-            try:
-                socket.create_connection(("127.0.0.1", port), timeout=0.2).close()
-                break
-            except OSError:
-                if time.time() > deadline or broker.poll() is not None:
-                    raise RuntimeError(f"{binary} did not start; see {err.name}")
-                time.sleep(0.05)
         conn = http.client.HTTPConnection("127.0.0.1", port)
         for i in range(backlog):
             task_call(conn, a, {"who": "a", "n": i})
@@ -167,7 +161,6 @@ def turns(binary: str, driver: str, backlog: int, work: str, n: int) -> dict:
     finally:
         broker.kill()
         broker.wait(timeout=30)
-        err.close()
         if driver == "postgres":
             psql("postgres", f"DROP DATABASE IF EXISTS {db.rsplit('/', 1)[1]} WITH (FORCE)")
 
@@ -187,7 +180,8 @@ def main() -> None:
     args = ap.parse_args()
     rows = []
     n = 0
-    with tempfile.TemporaryDirectory() as work:
+    # The tool processes of a killed broker may still write for a moment.
+    with tempfile.TemporaryDirectory(ignore_cleanup_errors=True) as work:
         for rnd in range(args.rounds):
             for driver in args.drivers.split(","):
                 order = [("head", args.bin), ("base", args.base)]

@@ -68,6 +68,22 @@ async fn metrics_reads_match_the_rows(db: TestDb) {
             },
         ]
     );
+    // A job queued to start later counts in the depth, not in the age:
+    // waiting for its start is no backlog (issue 27 item 2).
+    let now = crate::ops::OPS_NOW;
+    let mut later = new_task("later", "alice");
+    later.tool = "delayed".into();
+    let start = NewJob {
+        run_after: Some(now + HOUR_MS),
+        ..JOB
+    };
+    db.store
+        .task_create(&later, Some(start), None, ago(HOUR_MS))
+        .await
+        .unwrap();
+    let queues = db.store.metrics_queue_by_tool(now).await.unwrap();
+    let delayed = queues.iter().find(|q| q.tool == "delayed").unwrap();
+    assert_eq!((delayed.depth, delayed.oldest_created_at), (1, now));
     assert_eq!(
         db.store.metrics_worker_counts().await.unwrap(),
         WorkerCounts {
