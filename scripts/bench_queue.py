@@ -42,6 +42,21 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
+def fresh_db(driver: str, work: str, name: str) -> str:
+    """A new empty database of `driver`: a file in `work`, or a database
+    on the local PostgreSQL."""
+    if driver == "sqlite":
+        return os.path.join(work, f"{name}.db")
+    name = f"tb_queue_{os.getpid()}_{name}"
+    psql("postgres", f"CREATE DATABASE {name}")
+    return f"{PGURL}/{name}"
+
+
+def drop_db(driver: str, db: str) -> None:
+    if driver == "postgres":
+        psql("postgres", f"DROP DATABASE IF EXISTS {db.rsplit('/', 1)[1]} WITH (FORCE)")
+
+
 def start_broker(binary: str, db: str, extra: list[str], err_path: str) -> tuple[subprocess.Popen, int]:
     """`taskbroker serve` on a free port, once it accepts connections."""
     port = free_port()
@@ -63,12 +78,7 @@ def start_broker(binary: str, db: str, extra: list[str], err_path: str) -> tuple
 
 def run(binary: str, driver: str, clients: int, tasks: int, work: str, n: int) -> dict:
     """One broker on a fresh database, one bench against it."""
-    if driver == "sqlite":
-        db = os.path.join(work, f"q{n}.db")
-    else:
-        name = f"tb_queue_{os.getpid()}_{n}"
-        psql("postgres", f"CREATE DATABASE {name}")
-        db = f"{PGURL}/{name}"
+    db = fresh_db(driver, work, f"q{n}")
     broker, port = start_broker(binary, db, [], os.path.join(work, f"serve{n}.log"))
     url = f"http://127.0.0.1:{port}/mcp"
     try:
@@ -88,8 +98,7 @@ def run(binary: str, driver: str, clients: int, tasks: int, work: str, n: int) -
     finally:
         broker.terminate()
         broker.wait(timeout=30)
-        if driver == "postgres":
-            psql("postgres", f"DROP DATABASE IF EXISTS {db.rsplit('/', 1)[1]} WITH (FORCE)")
+        drop_db(driver, db)
 
 
 TURNS_TOOL = """
@@ -129,12 +138,7 @@ def task_call(conn: http.client.HTTPConnection, tok: str, arguments: dict) -> No
 
 def turns(binary: str, driver: str, backlog: int, work: str, n: int) -> dict:
     """A's backlog, then B's 10 tasks: seconds from B's first call to B's last run's end."""
-    if driver == "sqlite":
-        db = os.path.join(work, f"t{n}.db")
-    else:
-        name = f"tb_turns_{os.getpid()}_{n}"
-        psql("postgres", f"CREATE DATABASE {name}")
-        db = f"{PGURL}/{name}"
+    db = fresh_db(driver, work, f"t{n}")
     subprocess.run([binary, "migrate", "--db", db], capture_output=True, check=True)
     log = os.path.join(work, f"turns{n}.log")
     config = os.path.join(work, f"turns{n}.toml")
@@ -161,8 +165,7 @@ def turns(binary: str, driver: str, backlog: int, work: str, n: int) -> dict:
     finally:
         broker.kill()
         broker.wait(timeout=30)
-        if driver == "postgres":
-            psql("postgres", f"DROP DATABASE IF EXISTS {db.rsplit('/', 1)[1]} WITH (FORCE)")
+        drop_db(driver, db)
 
 
 def main() -> None:
