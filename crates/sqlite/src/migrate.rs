@@ -24,7 +24,7 @@ impl AsyncTransaction for SqlxMigrationConn {
         &'a mut self,
         queries: T,
     ) -> Result<usize, Self::Error> {
-        // Each migration and its history row commit together.
+        // The migrations and their history rows commit together.
         let mut tx = self.0.begin_with(BEGIN_IMMEDIATE).await?;
         let mut count = 0;
         for query in queries {
@@ -107,7 +107,7 @@ const RACE_DEADLINE: std::time::Duration = std::time::Duration::from_secs(60);
 /// migrations: the loser's connection or transaction fails (locked, a
 /// table that already exists, a history row taken), and it retries until
 /// the winner is done and nothing is left to apply, for up to
-/// [`RACE_DEADLINE`].
+/// [`RACE_DEADLINE`]. The winner applies them all in one transaction.
 pub(super) async fn run(path: &Path, options: &SqliteConnectOptions) -> Result<usize, StoreError> {
     let deadline = tokio::time::Instant::now() + RACE_DEADLINE;
     let mut attempt = 0u64;
@@ -163,7 +163,13 @@ async fn try_run(path: &Path, options: &SqliteConnectOptions) -> Result<usize, S
         .await
         .map_err(|e| e.to_string())?;
     let mut conn = SqlxMigrationConn(conn);
+    // All pending migrations in one transaction: processes migrating at
+    // once take turns on the write lock, so one applies them all and the
+    // others find nothing left (each migration committing on its own let
+    // two processes apply alternate ones), and an upgrade that fails part
+    // way leaves the schema it found.
     let report = migrations::runner()
+        .set_grouped(true)
         .run_async(&mut conn)
         .await
         .map_err(|e| e.to_string())?;
