@@ -40,6 +40,7 @@ impl WordCount {
                 concurrency: None,
                 global_concurrency: None,
                 queue: Default::default(),
+                retention: Default::default(),
                 extra: Default::default(),
             },
         }

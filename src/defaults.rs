@@ -53,6 +53,10 @@ pub const MAX_TTL: Duration = Duration::from_secs(7 * 24 * 3600);
 /// config says otherwise (`max_delay`); a start past the task's ttl is
 /// refused whatever this says.
 pub const MAX_START_DELAY: Duration = Duration::from_secs(7 * 24 * 3600);
+/// Tasks past their ttl one purge transaction looks at, and as many kept
+/// ones now due (keeps each write lock short; a million expired rows go in
+/// 2,000 transactions, not one).
+pub const PURGE_BATCH: i64 = 500;
 /// ttl of a task whose request names none.
 pub const DEFAULT_TTL: Duration = Duration::from_secs(3600);
 /// pollInterval suggested on every task.

@@ -791,6 +791,46 @@ fn a_tool_named_like_a_demo_tool_is_refused_with_file_and_line() {
     assert!(err.contains(&format!("{f}:2:")), "{err}");
 }
 
+/// Issue 27 item 3: a retention shorter than the longest ttl a task may be
+/// given (max_ttl, from the file or the flag) is refused at start as
+/// `file:line: reason`, in `[server]`, `[[tool]]`, `[[upstream]]` and
+/// `[upstream.tools.X]`; so is one that is not a duration.
+#[test]
+fn retention_shorter_than_max_ttl_is_refused_at_start_with_file_and_line() {
+    let (f, err) = serve_refuses("[server]\nretain_completed = \"1d\"\n");
+    assert!(err.contains(&format!("{f}:2:")), "{err}");
+    assert!(
+        err.contains("[server]: retain_completed = \"1d\" is shorter than max_ttl (7days)")
+            && err.contains("raise retain_completed or lower max_ttl"),
+        "{err}"
+    );
+    let (f, err) = serve_refuses(&format!(
+        "[server]\nmax_ttl = \"1h\"\n[[tool]]\nname = \"t\"\ndescription = \"d\"\n\
+         command = [\"{TOOLS}/whoami.sh\"]\nretain_failed = \"59m\"\n"
+    ));
+    assert!(
+        err.contains(&format!("{f}:7:"))
+            && err.contains("tool 't': retain_failed = \"59m\" is shorter than max_ttl (1h)"),
+        "{err}"
+    );
+    let (f, err) = serve_refuses(
+        "[server]\nmax_ttl = \"1h\"\n[[upstream]]\nname = \"u\"\ncommand = [\"true\"]\n\
+         retain_cancelled = \"30m\"\n",
+    );
+    assert!(
+        err.contains(&format!("{f}:6:")) && err.contains("upstream 'u': retain_cancelled"),
+        "{err}"
+    );
+    let (f, err) = serve_refuses(
+        "[server]\nmax_ttl = \"1h\"\n[[upstream]]\nname = \"u\"\ncommand = [\"true\"]\n\
+         [upstream.tools.x]\nretain_failed = \"soon\"\n",
+    );
+    assert!(
+        err.contains(&format!("{f}:7:")) && err.contains("'soon' is not a duration"),
+        "{err}"
+    );
+}
+
 /// Issue 27 item 2: the queue settings of a `[[tool]]` and an
 /// `[[upstream]]` are checked at start, as `file:line: reason`: an unknown
 /// priority name, a number out of range, a max_priority below the priority,

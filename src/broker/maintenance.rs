@@ -1,4 +1,5 @@
-//! Background services of a broker process: the ttl purger (T-33, T-34),
+//! Background services of a broker process: the ttl purger (T-33, T-34,
+//! and the retention rules of issue 27),
 //! the rescuer of jobs whose worker lease expired, the forgetting of gone
 //! workers and of signing keys no state may use, and (in servers) the
 //! sweeper of idle sessions.
@@ -15,7 +16,7 @@ use crate::store::RescueReport;
 /// Timing of the maintenance services.
 #[derive(Debug, Clone, Copy)]
 pub struct MaintenanceConfig {
-    /// How often expired tasks are deleted.
+    /// How often tasks past their ttl are purged.
     pub purge_every: Duration,
     /// Rows deleted per purge transaction (keeps write locks short).
     pub purge_batch: i64,
@@ -34,7 +35,7 @@ impl MaintenanceConfig {
         Self {
             session_idle,
             purge_every: Duration::from_secs(5),
-            purge_batch: 500,
+            purge_batch: defaults::PURGE_BATCH,
             rescue_every: (lease / 4).clamp(Duration::from_millis(100), Duration::from_secs(5)),
             retry_backoff: Duration::from_millis(500),
         }
@@ -128,11 +129,19 @@ async fn purge_expired(broker: &Broker, batch: i64) {
         tracing::warn!(error = %e, "progress prune failed");
     }
     loop {
-        match broker.store().task_purge_expired(now_ms(), batch).await {
-            Ok(0) => return,
-            Ok(n) => {
-                tracing::info!(purged = n, "expired tasks purged");
-                if (n as i64) < batch {
+        match broker.store().task_purge(now_ms(), batch).await {
+            Ok(report) => {
+                if report.total() > 0 {
+                    tracing::info!(
+                        deleted = report.deleted,
+                        archived = report.archived,
+                        kept = report.kept,
+                        "expired tasks purged (deleted, archived, or kept by a retention rule)"
+                    );
+                }
+                // Each half of a pass reads at most `batch` rows: another
+                // pass only when one was full.
+                if report.total() < batch as u64 {
                     return;
                 }
             }

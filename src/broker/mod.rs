@@ -60,6 +60,8 @@ pub struct BrokerConfig {
     pub max_open_tasks: i64,
     /// Largest tool arguments, in bytes of JSON.
     pub max_argument_bytes: usize,
+    /// Every tool's retention rule, unless its own config says otherwise.
+    pub retention: crate::tools::RetentionSettings,
 }
 
 impl Default for BrokerConfig {
@@ -71,6 +73,7 @@ impl Default for BrokerConfig {
             page_size: defaults::PAGE_SIZE as i64,
             max_open_tasks: defaults::MAX_OPEN_TASKS,
             max_argument_bytes: defaults::MAX_ARGUMENT_BYTES,
+            retention: Default::default(),
         }
     }
 }
@@ -366,6 +369,7 @@ impl Broker {
             session_id: caller.session_id.map(str::to_owned),
             client_capabilities: caller.client_capabilities.map(Value::to_string),
             idempotency_key: caller.idempotency_key.map(str::to_owned),
+            retention: tool.definition().retention.or(self.config.retention).rule(),
         };
         let job = refused.is_none().then_some(NewJob {
             max_attempts: tool.definition().max_attempts.max(1),

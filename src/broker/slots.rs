@@ -272,6 +272,7 @@ mod tests {
             concurrency,
             global_concurrency: None,
             queue: Default::default(),
+            retention: Default::default(),
             extra: Default::default(),
         }
     }

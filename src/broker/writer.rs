@@ -220,7 +220,11 @@ impl Writer {
         let (reply, answer) = oneshot::channel();
         self.ops
             .send(Queued {
-                write: Write::Create { new, job, outcome },
+                write: Write::Create {
+                    new: Box::new(new),
+                    job,
+                    outcome,
+                },
                 reply: Reply::Create(reply),
             })
             .await

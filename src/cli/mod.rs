@@ -62,6 +62,10 @@ pub enum Command {
     /// Operators: a consistent copy of a SQLite database, taken while
     /// brokers run (PostgreSQL: use pg_dump).
     Backup(ops::BackupArgs),
+    /// Operators: purge tasks past their ttl now, as brokers do every few
+    /// seconds, with their retention rules; `--dry-run` says what would be
+    /// deleted, archived or kept.
+    Prune(ops::PruneArgs),
 }
 
 impl Command {
@@ -79,7 +83,8 @@ impl Command {
             Command::Stats(_)
             | Command::Workers(_)
             | Command::Upstreams(_)
-            | Command::Backup(_) => "warn,sqlx=error",
+            | Command::Backup(_)
+            | Command::Prune(_) => "warn,sqlx=error",
             _ => logging::DEFAULT_FILTER,
         }
     }
@@ -108,6 +113,7 @@ pub async fn run(command: Command) -> anyhow::Result<ExitCode> {
         Command::Workers(args) => return Ok(ops::workers(args).await.into()),
         Command::Upstreams(args) => return Ok(ops::upstreams(args).await.into()),
         Command::Backup(args) => return Ok(ops::backup(args).await.into()),
+        Command::Prune(args) => return Ok(ops::prune(args).await.into()),
     }
     Ok(ExitCode::SUCCESS)
 }

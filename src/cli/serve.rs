@@ -170,6 +170,8 @@ impl ServeArgs {
             &[&s.max_ttl],
             defaults::MAX_TTL,
         )?;
+        config.check_retention(max_ttl)?;
+        let retention = config.server_retention()?;
         let default_ttl = setting(
             self.default_ttl.map(Duration::from_secs),
             &[&s.default_ttl],
@@ -243,6 +245,7 @@ impl ServeArgs {
                     .max_argument_bytes
                     .or(s.max_argument_bytes)
                     .unwrap_or(defaults::MAX_ARGUMENT_BYTES),
+                retention,
             },
             server: ServerConfig {
                 max_body_bytes: self.max_body.or(s.max_body).unwrap_or(defaults::MAX_BODY),

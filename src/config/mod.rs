@@ -14,7 +14,8 @@ use serde::Deserialize;
 use toml::Spanned;
 
 use crate::tools::{
-    CommandSpec, CommandTool, QueuePolicy, QueueSettings, TaskSupport, Tool, ToolDefinition,
+    CommandSpec, CommandTool, QueuePolicy, QueueSettings, RetentionSettings, TaskSupport, Tool,
+    ToolDefinition,
 };
 use crate::upstream::UpstreamSpec;
 
@@ -55,6 +56,14 @@ pub enum DurationValue {
 }
 
 impl DurationValue {
+    /// The value as the file writes it: `"1d"`, `90`.
+    fn as_written(&self) -> String {
+        match self {
+            Self::Seconds(s) => s.to_string(),
+            Self::Text(t) => format!("{t:?}"),
+        }
+    }
+
     fn to_duration(&self) -> Result<Duration, String> {
         match self {
             Self::Seconds(s) if s.is_finite() && *s >= 0.0 => Ok(Duration::from_secs_f64(*s)),
@@ -132,6 +141,14 @@ pub struct ServerSection {
     pub linger_bytes: Option<u64>,
     /// Refuse 2026-07-28 requests lacking any header the spec requires.
     pub strict_headers: Option<bool>,
+    /// Every tool's tasks: kept this long after completing, past its ttl.
+    pub retain_completed: Option<Spanned<DurationValue>>,
+    /// Kept this long after failing, past its ttl.
+    pub retain_failed: Option<Spanned<DurationValue>>,
+    /// Kept this long after being cancelled, past its ttl.
+    pub retain_cancelled: Option<Spanned<DurationValue>>,
+    /// Moved to the archive table instead of deleted.
+    pub archive: Option<bool>,
 }
 
 /// `[worker]`: settings of `taskbroker worker`.
@@ -186,6 +203,14 @@ pub struct ToolSection {
     pub max_priority: Option<Spanned<toml::Value>>,
     /// The furthest ahead a call may put its start.
     pub max_delay: Option<Spanned<DurationValue>>,
+    /// Kept this long after completing, past its ttl.
+    pub retain_completed: Option<Spanned<DurationValue>>,
+    /// Kept this long after failing, past its ttl.
+    pub retain_failed: Option<Spanned<DurationValue>>,
+    /// Kept this long after being cancelled, past its ttl.
+    pub retain_cancelled: Option<Spanned<DurationValue>>,
+    /// Moved to the archive table instead of deleted.
+    pub archive: Option<bool>,
 }
 
 /// The whole file.
@@ -400,6 +425,12 @@ impl Config {
                     &what,
                 )?
                 .policy();
+            let retention = self.retention_settings(
+                &section.retain_completed,
+                &section.retain_failed,
+                &section.retain_cancelled,
+                section.archive,
+            )?;
             let def = ToolDefinition {
                 name,
                 description: section.description.clone(),
@@ -411,6 +442,7 @@ impl Config {
                 global_concurrency: global_concurrency
                     .map(|n| u32::try_from(n).unwrap_or(u32::MAX)),
                 queue,
+                retention,
                 extra: Default::default(),
             };
             tools.push(Arc::new(CommandTool::new(def, spec)));
@@ -436,6 +468,93 @@ impl Config {
                 ),
             )),
         }
+    }
+
+    /// `retain_completed`, `retain_failed`, `retain_cancelled` and
+    /// `archive` of one section (durations checked; whether they are long
+    /// enough for the ttl is [`Config::check_retention`]'s).
+    fn retention_settings(
+        &self,
+        completed: &Option<Spanned<DurationValue>>,
+        failed: &Option<Spanned<DurationValue>>,
+        cancelled: &Option<Spanned<DurationValue>>,
+        archive: Option<bool>,
+    ) -> Result<RetentionSettings, ConfigError> {
+        Ok(RetentionSettings {
+            completed: self.duration(completed)?,
+            failed: self.duration(failed)?,
+            cancelled: self.duration(cancelled)?,
+            archive,
+        })
+    }
+
+    /// `[server]`'s retention settings: every tool's, unless its own
+    /// section says otherwise.
+    pub fn server_retention(&self) -> Result<RetentionSettings, ConfigError> {
+        let s = &self.file.server;
+        self.retention_settings(
+            &s.retain_completed,
+            &s.retain_failed,
+            &s.retain_cancelled,
+            s.archive,
+        )
+    }
+
+    /// Refuse a retention shorter than `max_ttl`, the longest ttl a task
+    /// may be given: the ttl a client asks for is honoured (T-33), so a
+    /// task is never removed before it, and a rule that could not keep a
+    /// task past its ttl is a mistake worth saying at start.
+    pub fn check_retention(&self, max_ttl: Duration) -> Result<(), ConfigError> {
+        let s = &self.file.server;
+        let mut sections = vec![(
+            "[server]".to_owned(),
+            [&s.retain_completed, &s.retain_failed, &s.retain_cancelled],
+        )];
+        for t in &self.file.tools {
+            sections.push((
+                format!("tool '{}'", t.name.get_ref()),
+                [&t.retain_completed, &t.retain_failed, &t.retain_cancelled],
+            ));
+        }
+        for u in &self.file.upstreams {
+            let name = u.name.get_ref();
+            sections.push((
+                format!("upstream '{name}'"),
+                [&u.retain_completed, &u.retain_failed, &u.retain_cancelled],
+            ));
+            for (tool, t) in &u.tools {
+                sections.push((
+                    format!("upstream '{name}' tool '{tool}'"),
+                    [&t.retain_completed, &t.retain_failed, &t.retain_cancelled],
+                ));
+            }
+        }
+        for (what, values) in sections {
+            for (key, value) in ["retain_completed", "retain_failed", "retain_cancelled"]
+                .into_iter()
+                .zip(values)
+            {
+                let Some(value) = value else { continue };
+                let line = self.line_of(value.span().start);
+                let keep = value
+                    .get_ref()
+                    .to_duration()
+                    .map_err(|e| self.error(line, e))?;
+                if keep < max_ttl {
+                    return Err(self.error(
+                        line,
+                        format!(
+                            "{what}: {key} = {} is shorter than max_ttl ({}): a task may be \
+                             given a ttl up to max_ttl and is kept at least that long (the \
+                             ttl is honoured); raise {key} or lower max_ttl",
+                            value.get_ref().as_written(),
+                            humantime::format_duration(max_ttl)
+                        ),
+                    ));
+                }
+            }
+        }
+        Ok(())
     }
 
     /// `priority`, `max_priority` and `max_delay` of one section, checked

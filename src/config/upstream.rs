@@ -68,6 +68,14 @@ pub struct UpstreamSection {
     pub max_priority: Option<Spanned<toml::Value>>,
     /// The furthest ahead a call may put its start.
     pub max_delay: Option<Spanned<DurationValue>>,
+    /// Kept this long after completing, past its ttl.
+    pub retain_completed: Option<Spanned<DurationValue>>,
+    /// Kept this long after failing, past its ttl.
+    pub retain_failed: Option<Spanned<DurationValue>>,
+    /// Kept this long after being cancelled, past its ttl.
+    pub retain_cancelled: Option<Spanned<DurationValue>>,
+    /// Moved to the archive table instead of deleted.
+    pub archive: Option<bool>,
     /// Settings of one tool, by the upstream's name for it.
     #[serde(default)]
     pub tools: BTreeMap<String, ToolSettingsSection>,
@@ -89,6 +97,10 @@ impl UpstreamSection {
             priority: self.priority.clone(),
             max_priority: self.max_priority.clone(),
             max_delay: self.max_delay.clone(),
+            retain_completed: self.retain_completed.clone(),
+            retain_failed: self.retain_failed.clone(),
+            retain_cancelled: self.retain_cancelled.clone(),
+            archive: self.archive,
         }
     }
 }
@@ -115,6 +127,14 @@ pub struct ToolSettingsSection {
     pub max_priority: Option<Spanned<toml::Value>>,
     /// The furthest ahead a call may put its start.
     pub max_delay: Option<Spanned<DurationValue>>,
+    /// Kept this long after completing, past its ttl.
+    pub retain_completed: Option<Spanned<DurationValue>>,
+    /// Kept this long after failing, past its ttl.
+    pub retain_failed: Option<Spanned<DurationValue>>,
+    /// Kept this long after being cancelled, past its ttl.
+    pub retain_cancelled: Option<Spanned<DurationValue>>,
+    /// Moved to the archive table instead of deleted.
+    pub archive: Option<bool>,
 }
 
 impl Config {
@@ -349,6 +369,12 @@ impl Config {
                 &section.max_priority,
                 &section.max_delay,
                 what,
+            )?,
+            retention: self.retention_settings(
+                &section.retain_completed,
+                &section.retain_failed,
+                &section.retain_cancelled,
+                section.archive,
             )?,
         })
     }

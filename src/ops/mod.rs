@@ -1,12 +1,13 @@
 //! Operator commands: `taskbroker stats`, `taskbroker workers`,
 //! `taskbroker upstreams`,
-//! `taskbroker tasks list --db`, `taskbroker backup` and `taskbroker
-//! token`. They use the database directly (no broker needs to run; one
+//! `taskbroker tasks list --db`, `taskbroker backup`, `taskbroker prune`
+//! and `taskbroker token`. They use the database directly (no broker needs to run; one
 //! may), so they need what the broker needs: the SQLite file, or the
 //! PostgreSQL URL and its rights. Only `token` creates or migrates a
 //! database (see [`tokens`]).
 
 pub mod backup;
+pub mod prune;
 pub mod stats;
 pub mod tasks;
 pub mod tokens;
@@ -22,6 +23,7 @@ use crate::client::{EXIT_FAILURE, EXIT_OK};
 use crate::store::{self, Durability, Store};
 
 pub use backup::{BackupArgs, run as backup};
+pub use prune::{PruneArgs, run as prune};
 pub use stats::{StatsArgs, run as stats};
 pub use tokens::{TokenCommand, run as token};
 pub use upstreams::{UpstreamsArgs, run as upstreams};

@@ -76,6 +76,7 @@ impl Fixture {
                 concurrency: None,
                 global_concurrency: None,
                 queue: Default::default(),
+                retention: Default::default(),
                 extra: Default::default(),
             },
             body,

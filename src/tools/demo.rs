@@ -39,6 +39,7 @@ impl Echo {
                 concurrency: None,
                 global_concurrency: None,
                 queue: Default::default(),
+                retention: Default::default(),
                 extra: Default::default(),
             },
         }
@@ -93,6 +94,7 @@ impl Sleep {
                 concurrency: None,
                 global_concurrency: None,
                 queue: Default::default(),
+                retention: Default::default(),
                 extra: Default::default(),
             },
         }
@@ -155,6 +157,7 @@ impl Fail {
                 concurrency: None,
                 global_concurrency: None,
                 queue: Default::default(),
+                retention: Default::default(),
                 extra: Default::default(),
             },
         }
@@ -211,6 +214,7 @@ impl Approve {
                 concurrency: None,
                 global_concurrency: None,
                 queue: Default::default(),
+                retention: Default::default(),
                 extra: Default::default(),
             },
         }

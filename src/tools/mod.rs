@@ -7,6 +7,7 @@ mod conformance;
 mod conformance_modern;
 mod demo;
 mod queue;
+mod retention;
 
 use std::collections::BTreeMap;
 use std::future::Future;
@@ -24,6 +25,7 @@ pub use catalog::{Refused, ToolCatalog};
 pub use command::{CommandSpec, CommandTool};
 pub use demo::demo_tools;
 pub use queue::{PRIORITY_NAMES, QueuePolicy, QueueSettings, describe_priority, parse_priority};
+pub use retention::RetentionSettings;
 
 /// The fixture tools the MCP conformance suites call (`serve
 /// --conformance-tools`): those of 2025-11-25 and of 2026-07-28.
@@ -80,6 +82,9 @@ pub struct ToolDefinition {
     pub global_concurrency: Option<u32>,
     /// Its jobs' priority and how far ahead calls may put their start.
     pub queue: QueuePolicy,
+    /// What becomes of its tasks past their ttl (unset: the server's
+    /// `[server]` settings).
+    pub retention: RetentionSettings,
     /// Further members of the `Tool` object, served as they are (`title`,
     /// `annotations`, `icons`, `_meta`: what an upstream server listed).
     /// The members above win over any of the same name.

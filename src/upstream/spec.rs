@@ -9,7 +9,7 @@ use std::time::Duration;
 use serde_json::Value;
 
 use super::{HttpSpec, StdioSpec};
-use crate::tools::{QueueSettings, TaskSupport};
+use crate::tools::{QueueSettings, RetentionSettings, TaskSupport};
 
 /// Whether a call that may have reached the upstream, and whose worker was
 /// then lost, is sent again by the next run of its task.
@@ -53,6 +53,8 @@ pub struct ToolSettings {
     pub retry: Option<Retry>,
     /// Priorities and start delays of its calls.
     pub queue: QueueSettings,
+    /// What becomes of its tasks past their ttl.
+    pub retention: RetentionSettings,
 }
 
 impl ToolSettings {
@@ -66,6 +68,7 @@ impl ToolSettings {
             global_concurrency: self.global_concurrency.or(fallback.global_concurrency),
             retry: self.retry.or(fallback.retry),
             queue: self.queue.or(fallback.queue),
+            retention: self.retention.or(fallback.retention),
         }
     }
 }

@@ -115,6 +115,7 @@ impl UpstreamTool {
                 concurrency: settings.concurrency,
                 global_concurrency: settings.global_concurrency,
                 queue: settings.queue.policy(),
+                retention: settings.retention,
                 extra: passed_through(object),
             },
             remote: remote.to_owned(),

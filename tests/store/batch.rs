@@ -7,7 +7,11 @@ use super::*;
 
 /// A creation for `write_batch`.
 fn create_op(new: NewTask, job: Option<NewJob>, outcome: Option<TaskOutcome>) -> Write {
-    Write::Create { new, job, outcome }
+    Write::Create {
+        new: Box::new(new),
+        job,
+        outcome,
+    }
 }
 
 /// A completion for `write_batch`.

@@ -1383,7 +1383,7 @@ async fn job_claim_available_owners_take_turns(db: TestDb) {
     let batch: Vec<Write> = [("c0", "carol"), ("c1", "carol"), ("a3", "alice")]
         .iter()
         .map(|(id, owner)| Write::Create {
-            new: create(id, owner),
+            new: Box::new(create(id, owner)),
             job: Some(JOB),
             outcome: None,
         })

@@ -61,9 +61,9 @@ use taskbroker::store::ops::{
 };
 use taskbroker::store::{
     self, AnswerOutcome, CancelOutcome, ClaimedJob, Driver, Durability, FeedInterest, NewJob,
-    NewSession, NewTask, NewToken, NewWorker, OneWrite, QueueDepth, RescueReport, ResultKind,
-    SchemaVersions, Signal, Store, StoreError, TaskMessage, TaskOutcome, TaskRow, TaskStatus,
-    ToolQuota, WorkerCounts, WorkerKind, WorkerState, Write, Written,
+    NewSession, NewTask, NewToken, NewWorker, OneWrite, PurgeReport, QueueDepth, RescueReport,
+    ResultKind, Retention, SchemaVersions, Signal, Store, StoreError, TaskMessage, TaskOutcome,
+    TaskRow, TaskStatus, ToolQuota, WorkerCounts, WorkerKind, WorkerState, Write, Written,
 };
 use tempfile::TempDir;
 use tokio_util::sync::CancellationToken;
@@ -402,6 +402,7 @@ fn new_task(task_id: &str, owner: &str) -> NewTask {
         session_id: None,
         client_capabilities: None,
         idempotency_key: None,
+        retention: Default::default(),
     }
 }
 

@@ -519,9 +519,9 @@ async fn task_set_status_message_lease_lost_with_wrong_token(db: TestDb) {
 }
 store_test!(task_set_status_message_lease_lost_with_wrong_token);
 
-// task_purge_expired -------------------------------------------------------------
+// task_purge -------------------------------------------------------------
 
-async fn task_purge_expired_deletes_task_job_and_history_t33_t34(db: TestDb) {
+async fn task_purge_deletes_task_job_and_history_t33_t34(db: TestDb) {
     let raw = db.raw().await;
     let short = db
         .store
@@ -557,12 +557,12 @@ async fn task_purge_expired_deletes_task_job_and_history_t33_t34(db: TestDb) {
     assert_eq!(history(&raw, "short").await.len(), 2);
 
     // Before expiry: nothing.
-    assert_eq!(db.store.task_purge_expired(T0 + 999, 100).await.unwrap(), 0);
+    assert_eq!(db.store.task_purge(T0 + 999, 100).await.unwrap().total(), 0);
 
     // At expiry, with a limit of 1: one of the two expired tasks goes.
-    assert_eq!(db.store.task_purge_expired(T0 + 1_000, 1).await.unwrap(), 1);
-    assert_eq!(db.store.task_purge_expired(T0 + 1_000, 1).await.unwrap(), 1);
-    assert_eq!(db.store.task_purge_expired(T0 + 1_000, 1).await.unwrap(), 0);
+    assert_eq!(db.store.task_purge(T0 + 1_000, 1).await.unwrap().total(), 1);
+    assert_eq!(db.store.task_purge(T0 + 1_000, 1).await.unwrap().total(), 1);
+    assert_eq!(db.store.task_purge(T0 + 1_000, 1).await.unwrap().total(), 0);
 
     for (id, seq) in [("short", short.seq), ("short2", short2.seq)] {
         assert_eq!(db.store.task_get(id).await.unwrap(), None, "{id} purged");
@@ -591,9 +591,10 @@ async fn task_purge_expired_deletes_task_job_and_history_t33_t34(db: TestDb) {
     // Much later: "long" goes, "forever" (no ttl) never does.
     assert_eq!(
         db.store
-            .task_purge_expired(T0 + 10_000_000, 100)
+            .task_purge(T0 + 10_000_000, 100)
             .await
-            .unwrap(),
+            .unwrap()
+            .total(),
         1
     );
     assert_eq!(db.store.task_get("long").await.unwrap(), None);
@@ -614,9 +615,10 @@ async fn task_purge_expired_deletes_task_job_and_history_t33_t34(db: TestDb) {
     assert!(newest.seq > forever.seq);
     assert_eq!(
         db.store
-            .task_purge_expired(T0 + 10_000_002, 100)
+            .task_purge(T0 + 10_000_002, 100)
             .await
-            .unwrap(),
+            .unwrap()
+            .total(),
         1
     );
     let next = db
@@ -626,7 +628,154 @@ async fn task_purge_expired_deletes_task_job_and_history_t33_t34(db: TestDb) {
         .unwrap();
     assert!(next.seq > newest.seq, "{} reused", next.seq);
 }
-store_test!(task_purge_expired_deletes_task_job_and_history_t33_t34);
+store_test!(task_purge_deletes_task_job_and_history_t33_t34);
+
+/// Issue 27 item 3: past its ttl a task with a rule for its status is kept
+/// (once given keep_until it leaves the ttl scan), then archived with its
+/// history or deleted; a task without one goes at its ttl; keep_until is
+/// set once, and a terminal task changes in no other column.
+async fn task_purge_keeps_archives_and_deletes_by_rule(db: TestDb) {
+    let raw = db.raw().await;
+    let rule = Retention {
+        failed_ms: Some(50_000),
+        cancelled_ms: Some(1),
+        archive: true,
+        ..Retention::default()
+    };
+    let with_rule = |id: &str, retention: Retention| NewTask {
+        retention,
+        ..new_task_ttl(id, "alice", 1_000)
+    };
+    // failed: kept 50 s after it failed, then archived.
+    let failed = db
+        .store
+        .task_create(&with_rule("failed", rule), Some(JOB), None, T0)
+        .await
+        .unwrap();
+    // completed: no rule for its status; archived at its ttl.
+    db.store
+        .task_create(&with_rule("completed", rule), Some(JOB), None, T0)
+        .await
+        .unwrap();
+    // no rule at all: deleted at its ttl.
+    db.store
+        .task_create(&new_task_ttl("plain", "alice", 1_000), Some(JOB), None, T0)
+        .await
+        .unwrap();
+    // still working at its ttl: no rule keeps it; archived, as its rule
+    // says.
+    db.store
+        .task_create(&with_rule("working", rule), Some(JOB), None, T0)
+        .await
+        .unwrap();
+    let claimed = db
+        .store
+        .job_claim_available("w1", "lease-1", &echo(3), 3, LEASE_MS, T0)
+        .await
+        .unwrap();
+    let lease = |id: &str| {
+        claimed
+            .iter()
+            .find(|c| c.task_id == id)
+            .map(|c| c.task_seq)
+            .unwrap()
+    };
+    db.store
+        .job_complete(lease("failed"), "lease-1", &failed_outcome("boom"), T0 + 10)
+        .await
+        .unwrap();
+    db.store
+        .job_complete(lease("completed"), "lease-1", &completed_outcome(), T0 + 10)
+        .await
+        .unwrap();
+
+    let report = db.store.task_purge(T0 + 1_000, 100).await.unwrap();
+    assert_eq!(
+        report,
+        PurgeReport {
+            deleted: 1,
+            archived: 2,
+            kept: 1
+        },
+        "plain deleted, completed and working archived, failed kept"
+    );
+    let keep_until: Option<i64> = raw
+        .scalar(
+            "SELECT keep_until FROM tasks WHERE seq = $1",
+            args![failed.seq],
+        )
+        .await
+        .unwrap();
+    assert_eq!(keep_until, Some(T0 + 10 + 50_000), "50 s after it failed");
+    // Kept rows are not looked at again until they are due.
+    assert_eq!(
+        db.store.task_purge(T0 + 2_000, 100).await.unwrap(),
+        PurgeReport::default()
+    );
+    // The archive holds the completed task with its history.
+    let (status, history): (String, String) = raw
+        .row(
+            "SELECT status, CAST(history AS TEXT) FROM tasks_archive WHERE task_id = 'completed'",
+            args![],
+        )
+        .await
+        .unwrap()
+        .expect("archived");
+    assert_eq!(status, "completed");
+    let history: serde_json::Value = serde_json::from_str(&history).unwrap();
+    assert_eq!(history[0]["to"], "working");
+    assert_eq!(history[1]["from"], "working");
+    assert_eq!(history[1]["to"], "completed");
+    assert_eq!(history.as_array().map(Vec::len), Some(2));
+
+    // keep_until is set once; a terminal task's other columns stay fixed.
+    let again = raw
+        .execute(
+            "UPDATE tasks SET keep_until = keep_until + 1 WHERE seq = $1",
+            args![failed.seq],
+        )
+        .await
+        .unwrap_err()
+        .to_string();
+    assert!(again.contains("keep_until is set once"), "{again}");
+    let changed = raw
+        .execute(
+            "UPDATE tasks SET archive = NOT archive WHERE seq = $1",
+            args![failed.seq],
+        )
+        .await
+        .unwrap_err()
+        .to_string();
+    assert!(changed.contains("terminal status"), "{changed}");
+
+    // Due: archived with its history; nothing is left in tasks.
+    let report = db.store.task_purge(T0 + 10 + 50_000, 100).await.unwrap();
+    assert_eq!(report.archived, 1);
+    assert_eq!(db.store.task_get("failed").await.unwrap(), None);
+    assert_eq!(
+        count_rows(
+            &raw,
+            "SELECT COUNT(*) FROM task_events WHERE task_seq = $1",
+            failed.seq
+        )
+        .await,
+        0
+    );
+    let archived: Vec<(String,)> = raw
+        .rows("SELECT task_id FROM tasks_archive ORDER BY seq", args![])
+        .await
+        .unwrap();
+    assert_eq!(
+        archived,
+        vec![
+            ("failed".to_owned(),),
+            ("completed".to_owned(),),
+            ("working".to_owned(),)
+        ]
+    );
+    raw.close().await;
+}
+store_test!(task_purge_keeps_archives_and_deletes_by_rule);
 
 // Progress reports: task_record_progress / task_progress_prune ------------------
 

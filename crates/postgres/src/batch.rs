@@ -48,8 +48,10 @@ impl GroupCommit for PostgresStore {
         let seq = sqlx::query_scalar!(
             r#"INSERT INTO tasks (task_id, owner, tool, arguments, status, created_at, updated_at,
                               ttl_ms, expires_at, poll_interval_ms, progress_token, session_id,
-                              client_capabilities, idempotency_key)
-           VALUES ($1, $2, $3, $4, 'working', $5, $5, $6, $7, $8, $9, $10, $11, $12)
+                              client_capabilities, idempotency_key, retain_completed_ms,
+                              retain_failed_ms, retain_cancelled_ms, archive)
+           VALUES ($1, $2, $3, $4, 'working', $5, $5, $6, $7, $8, $9, $10, $11, $12, $13, $14,
+                   $15, $16)
            RETURNING seq"#,
             new.task_id,
             new.owner,
@@ -63,6 +65,10 @@ impl GroupCommit for PostgresStore {
             new.session_id,
             new.client_capabilities,
             new.idempotency_key,
+            new.retention.completed_ms,
+            new.retention.failed_ms,
+            new.retention.cancelled_ms,
+            new.retention.archive,
         )
         .fetch_one(&mut *conn)
         .await?;
@@ -266,14 +272,18 @@ impl GroupCommit for PostgresStore {
             TaskText,
             r#"INSERT INTO tasks (task_id, owner, tool, arguments, status, created_at, updated_at,
                               ttl_ms, expires_at, poll_interval_ms, progress_token, session_id,
-                              client_capabilities, idempotency_key)
+                              client_capabilities, idempotency_key, retain_completed_ms,
+                              retain_failed_ms, retain_cancelled_ms, archive)
            SELECT c.task_id, c.owner, c.tool, c.arguments, 'working', $1, $1, c.ttl_ms,
                   c.expires_at, c.poll_interval_ms, c.progress_token, c.session_id,
-                  c.client_capabilities, c.idempotency_key
+                  c.client_capabilities, c.idempotency_key, c.retain_completed_ms,
+                  c.retain_failed_ms, c.retain_cancelled_ms, c.archive
              FROM jsonb_to_recordset($2::jsonb)
                   AS c(task_id text, owner text, tool text, arguments text, ttl_ms bigint,
                        expires_at bigint, poll_interval_ms bigint, progress_token text,
-                       session_id text, client_capabilities text, idempotency_key text)
+                       session_id text, client_capabilities text, idempotency_key text,
+                       retain_completed_ms bigint, retain_failed_ms bigint,
+                       retain_cancelled_ms bigint, archive boolean)
            RETURNING seq, task_id, owner, tool, arguments, status, status_message, created_at,
                      updated_at, ttl_ms, expires_at, poll_interval_ms, progress_token, result,
                      result_kind, tool_error"#,

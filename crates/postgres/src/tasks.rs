@@ -3,6 +3,7 @@
 
 use async_trait::async_trait;
 use sqlx::PgConnection;
+use taskbroker_storage::retention::{CandidateRow, PurgePlan};
 use taskbroker_storage::text::{self, TaskEventText, TaskText};
 use taskbroker_storage::*;
 
@@ -208,22 +209,98 @@ impl TaskStore for PostgresStore {
         Ok(done.rows_affected())
     }
 
-    /// Delete up to `limit` tasks whose ttl has passed (their jobs and
-    /// history go with them, by trigger). Returns how many were deleted.
-    async fn task_purge_expired(&self, now: i64, limit: i64) -> Result<u64, StoreError> {
+    /// Keep, archive or delete up to `limit` tasks past their ttl and up
+    /// to `limit` kept ones now due, in one transaction (their jobs and
+    /// history go with them, by trigger).
+    async fn task_purge(&self, now: i64, limit: i64) -> Result<PurgeReport, StoreError> {
         // Under the feed lock: the purge deletes tasks then their jobs, the
         // reverse of a completion's order, so the two must not overlap.
         let mut tx = begin_feed(&self.pool).await?;
-        let done = sqlx::query!(
-            "DELETE FROM tasks WHERE seq IN
-               (SELECT seq FROM tasks WHERE expires_at IS NOT NULL AND expires_at <= $1 LIMIT $2)",
+        let rows = sqlx::query_as!(
+            CandidateRow,
+            r#"(SELECT seq AS "seq!", tool AS "tool!", status AS "status!",
+                       updated_at AS "updated_at!", keep_until, retain_completed_ms,
+                       retain_failed_ms, retain_cancelled_ms, archive AS "archive!"
+                  FROM tasks
+                 WHERE expires_at IS NOT NULL AND expires_at <= $1 AND keep_until IS NULL
+                 LIMIT $2)
+               UNION ALL
+               (SELECT seq, tool, status, updated_at, keep_until, retain_completed_ms,
+                       retain_failed_ms, retain_cancelled_ms, archive
+                  FROM tasks WHERE keep_until IS NOT NULL AND keep_until <= $1
+                 LIMIT $2)"#,
             now,
             limit
         )
-        .execute(&mut *tx)
+        .fetch_all(&mut *tx)
         .await?;
+        let plan = PurgePlan::of(rows.into_iter().map(RetentionCandidate::from), now);
+        if !plan.keep.is_empty() {
+            let (seqs, until): (Vec<i64>, Vec<i64>) = plan.keep.iter().copied().unzip();
+            sqlx::query!(
+                "UPDATE tasks SET keep_until = k.until
+                   FROM unnest($1::bigint[], $2::bigint[]) AS k(seq, until)
+                  WHERE tasks.seq = k.seq",
+                &seqs,
+                &until
+            )
+            .execute(&mut *tx)
+            .await?;
+        }
+        if !plan.archive.is_empty() {
+            sqlx::query!(
+                "INSERT INTO tasks_archive (seq, task_id, owner, tool, arguments, status,
+                                            status_message, created_at, updated_at, ttl_ms,
+                                            result, result_kind, tool_error, history, archived_at)
+                 SELECT t.seq, t.task_id, t.owner, t.tool, t.arguments, t.status,
+                        t.status_message, t.created_at, t.updated_at, t.ttl_ms,
+                        t.result, t.result_kind, t.tool_error,
+                        COALESCE((SELECT jsonb_agg(jsonb_build_object('from', e.from_status,
+                                                                      'to', e.to_status,
+                                                                      'message', e.message,
+                                                                      'at', e.at) ORDER BY e.id)
+                                    FROM task_events e WHERE e.task_seq = t.seq), '[]'::jsonb),
+                        $2
+                   FROM tasks t WHERE t.seq = ANY($1)",
+                &plan.archive,
+                now
+            )
+            .execute(&mut *tx)
+            .await?;
+        }
+        let gone = plan.gone();
+        if !gone.is_empty() {
+            sqlx::query!("DELETE FROM tasks WHERE seq = ANY($1)", &gone)
+                .execute(&mut *tx)
+                .await?;
+        }
         tx.commit().await?;
-        Ok(done.rows_affected())
+        Ok(plan.report())
+    }
+
+    /// Read only: the tasks a purge at `now` would look at, in row order.
+    async fn task_purge_candidates(
+        &self,
+        now: i64,
+        after_seq: i64,
+        limit: i64,
+    ) -> Result<Vec<RetentionCandidate>, StoreError> {
+        let rows = sqlx::query_as!(
+            CandidateRow,
+            r#"SELECT seq, tool, status, updated_at, keep_until, retain_completed_ms,
+                      retain_failed_ms, retain_cancelled_ms, archive
+                 FROM tasks
+                WHERE seq > $3
+                  AND ((expires_at IS NOT NULL AND expires_at <= $1 AND keep_until IS NULL)
+                       OR (keep_until IS NOT NULL AND keep_until <= $1))
+                ORDER BY seq LIMIT $2"#,
+            now,
+            limit,
+            after_seq
+        )
+        .fetch_all(&self.pool)
+        .await?;
+        Ok(rows.into_iter().map(RetentionCandidate::from).collect())
     }
 
     /// The changes of `owner`'s tasks after feed position `after_id`, oldest

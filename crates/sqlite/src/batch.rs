@@ -42,8 +42,9 @@ impl GroupCommit for SqliteStore {
         let seq = sqlx::query_scalar!(
             r#"INSERT INTO tasks (task_id, owner, tool, arguments, status, created_at, updated_at,
                               ttl_ms, expires_at, poll_interval_ms, progress_token, session_id,
-                              client_capabilities, idempotency_key)
-           VALUES (?, ?, ?, ?, 'working', ?, ?, ?, ?, ?, ?, ?, ?, ?)
+                              client_capabilities, idempotency_key, retain_completed_ms,
+                              retain_failed_ms, retain_cancelled_ms, archive)
+           VALUES (?, ?, ?, ?, 'working', ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)
            RETURNING seq"#,
             new.task_id,
             new.owner,
@@ -58,6 +59,10 @@ impl GroupCommit for SqliteStore {
             new.session_id,
             new.client_capabilities,
             new.idempotency_key,
+            new.retention.completed_ms,
+            new.retention.failed_ms,
+            new.retention.cancelled_ms,
+            new.retention.archive,
         )
         .fetch_one(&mut *conn)
         .await?;
@@ -234,11 +239,14 @@ impl GroupCommit for SqliteStore {
             TaskText,
             r#"INSERT INTO tasks (task_id, owner, tool, arguments, status, created_at, updated_at,
                               ttl_ms, expires_at, poll_interval_ms, progress_token, session_id,
-                              client_capabilities, idempotency_key)
+                              client_capabilities, idempotency_key, retain_completed_ms,
+                              retain_failed_ms, retain_cancelled_ms, archive)
            SELECT value ->> 'task_id', value ->> 'owner', value ->> 'tool', value ->> 'arguments',
                   'working', ?1, ?1, value ->> 'ttl_ms', value ->> 'expires_at',
                   value ->> 'poll_interval_ms', value ->> 'progress_token', value ->> 'session_id',
-                  value ->> 'client_capabilities', value ->> 'idempotency_key'
+                  value ->> 'client_capabilities', value ->> 'idempotency_key',
+                  value ->> 'retain_completed_ms', value ->> 'retain_failed_ms',
+                  value ->> 'retain_cancelled_ms', value ->> 'archive'
              FROM json_each(?2) ORDER BY key
            RETURNING seq AS "seq!", task_id AS "task_id!", owner AS "owner!", tool AS "tool!",
                      arguments AS "arguments!", status AS "status!",

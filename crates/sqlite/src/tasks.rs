@@ -3,6 +3,7 @@
 
 use async_trait::async_trait;
 use sqlx::SqliteConnection;
+use taskbroker_storage::retention::{CandidateRow, PurgePlan, json_ids, json_pairs};
 use taskbroker_storage::text::{self, TaskEventText, TaskText};
 use taskbroker_storage::*;
 
@@ -202,18 +203,102 @@ impl TaskStore for SqliteStore {
         Ok(done.rows_affected())
     }
 
-    /// Delete up to `limit` tasks whose ttl has passed (their jobs and
-    /// history go with them, by trigger). Returns how many were deleted.
-    async fn task_purge_expired(&self, now: i64, limit: i64) -> Result<u64, StoreError> {
-        let done = sqlx::query!(
-            "DELETE FROM tasks WHERE seq IN
-               (SELECT seq FROM tasks WHERE expires_at IS NOT NULL AND expires_at <= ? LIMIT ?)",
+    /// Keep, archive or delete up to `limit` tasks past their ttl and up
+    /// to `limit` kept ones now due, in one transaction (their jobs and
+    /// history go with them, by trigger).
+    async fn task_purge(&self, now: i64, limit: i64) -> Result<PurgeReport, StoreError> {
+        let mut tx = self.write.begin_with(BEGIN_IMMEDIATE).await?;
+        let rows = sqlx::query_as!(
+            CandidateRow,
+            r#"SELECT seq AS "seq!", tool AS "tool!", status AS "status!",
+                      updated_at AS "updated_at!", keep_until AS "keep_until?",
+                      retain_completed_ms AS "retain_completed_ms?",
+                      retain_failed_ms AS "retain_failed_ms?",
+                      retain_cancelled_ms AS "retain_cancelled_ms?",
+                      archive AS "archive!: bool"
+                 FROM (SELECT * FROM tasks
+                        WHERE expires_at IS NOT NULL AND expires_at <= ?1 AND keep_until IS NULL
+                        LIMIT ?2)
+               UNION ALL
+               SELECT seq, tool, status, updated_at, keep_until, retain_completed_ms,
+                      retain_failed_ms, retain_cancelled_ms, archive
+                 FROM (SELECT * FROM tasks WHERE keep_until IS NOT NULL AND keep_until <= ?1
+                        LIMIT ?2)"#,
             now,
             limit
         )
-        .execute(&self.write)
+        .fetch_all(&mut *tx)
         .await?;
-        Ok(done.rows_affected())
+        let plan = PurgePlan::of(rows.into_iter().map(RetentionCandidate::from), now);
+        if !plan.keep.is_empty() {
+            let keep = json_pairs(&plan.keep);
+            sqlx::query!(
+                "UPDATE tasks SET keep_until = k.value ->> 1
+                   FROM json_each(?1) k WHERE tasks.seq = k.value ->> 0",
+                keep
+            )
+            .execute(&mut *tx)
+            .await?;
+        }
+        if !plan.archive.is_empty() {
+            let archive = json_ids(&plan.archive);
+            sqlx::query!(
+                "INSERT INTO tasks_archive (seq, task_id, owner, tool, arguments, status,
+                                            status_message, created_at, updated_at, ttl_ms,
+                                            result, result_kind, tool_error, history, archived_at)
+                 SELECT t.seq, t.task_id, t.owner, t.tool, t.arguments, t.status,
+                        t.status_message, t.created_at, t.updated_at, t.ttl_ms,
+                        t.result, t.result_kind, t.tool_error,
+                        (SELECT json_group_array(json_object('from', e.from_status,
+                                                             'to', e.to_status,
+                                                             'message', e.message,
+                                                             'at', e.at) ORDER BY e.id)
+                           FROM task_events e WHERE e.task_seq = t.seq),
+                        ?2
+                   FROM tasks t WHERE t.seq IN (SELECT value FROM json_each(?1))",
+                archive,
+                now
+            )
+            .execute(&mut *tx)
+            .await?;
+        }
+        let gone = plan.gone();
+        if !gone.is_empty() {
+            let gone = json_ids(&gone);
+            sqlx::query!(
+                "DELETE FROM tasks WHERE seq IN (SELECT value FROM json_each(?))",
+                gone
+            )
+            .execute(&mut *tx)
+            .await?;
+        }
+        tx.commit().await?;
+        Ok(plan.report())
+    }
+
+    /// Read only: the tasks a purge at `now` would look at, in row order.
+    async fn task_purge_candidates(
+        &self,
+        now: i64,
+        after_seq: i64,
+        limit: i64,
+    ) -> Result<Vec<RetentionCandidate>, StoreError> {
+        let rows = sqlx::query_as!(
+            CandidateRow,
+            r#"SELECT seq AS "seq!", tool, status, updated_at, keep_until, retain_completed_ms,
+                      retain_failed_ms, retain_cancelled_ms, archive AS "archive!: bool"
+                 FROM tasks
+                WHERE seq > ?3
+                  AND ((expires_at IS NOT NULL AND expires_at <= ?1 AND keep_until IS NULL)
+                       OR (keep_until IS NOT NULL AND keep_until <= ?1))
+                ORDER BY seq LIMIT ?2"#,
+            now,
+            limit,
+            after_seq
+        )
+        .fetch_all(&self.read)
+        .await?;
+        Ok(rows.into_iter().map(RetentionCandidate::from).collect())
     }
 
     /// The changes of `owner`'s tasks after feed position `after_id`, oldest

@@ -240,7 +240,7 @@ async fn grouped_writes<D: GroupCommit>(
                 job: Some(job),
                 outcome: None,
                 ..
-            } => new_tasks.push((new, *job)),
+            } => new_tasks.push((&**new, *job)),
             Write::Create { .. } => {}
             Write::Complete {
                 task_seq,
@@ -295,8 +295,10 @@ async fn grouped_writes<D: GroupCommit>(
 
 /// The tasks of a grouped insert as one JSON array: per task its
 /// `task_id`, `owner`, `tool`, `arguments`, `ttl_ms`, `expires_at`,
-/// `poll_interval_ms`, `progress_token`, `session_id` and
-/// `client_capabilities`, in the batch's order.
+/// `poll_interval_ms`, `progress_token`, `session_id`,
+/// `client_capabilities`, `idempotency_key` and its retention rule
+/// (`retain_completed_ms`, `retain_failed_ms`, `retain_cancelled_ms`,
+/// `archive`), in the batch's order.
 pub fn new_tasks_json(items: &[(&NewTask, NewJob)], now: i64) -> Value {
     items
         .iter()
@@ -313,6 +315,10 @@ pub fn new_tasks_json(items: &[(&NewTask, NewJob)], now: i64) -> Value {
                 "session_id": t.session_id,
                 "client_capabilities": t.client_capabilities,
                 "idempotency_key": t.idempotency_key,
+                "retain_completed_ms": t.retention.completed_ms,
+                "retain_failed_ms": t.retention.failed_ms,
+                "retain_cancelled_ms": t.retention.cancelled_ms,
+                "archive": t.retention.archive,
             })
         })
         .collect()

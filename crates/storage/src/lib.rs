@@ -47,6 +47,7 @@ mod error;
 mod metrics;
 pub mod model;
 pub mod ops;
+pub mod retention;
 pub mod schema;
 mod status;
 pub mod text;
@@ -63,6 +64,7 @@ pub use error::StoreError;
 pub use metrics::{MetricsStore, QueueDepth, SchemaVersions, WorkerCounts};
 pub use model::*;
 pub use ops::OpsStore;
+pub use retention::{Fate, PurgeReport, Retention, RetentionCandidate};
 pub use status::TaskStatus;
 
 /// How hard every commit is pushed to disk.
@@ -98,8 +100,8 @@ pub enum Write {
     /// `outcome` the task also finishes at once (history still shows
     /// working then the end).
     Create {
-        /// The task.
-        new: NewTask,
+        /// The task (boxed: the largest of the writes by far).
+        new: Box<NewTask>,
         /// Its job.
         job: Option<NewJob>,
         /// An immediate outcome (refused arguments).
@@ -262,8 +264,19 @@ pub trait TaskStore {
     ) -> Result<(), StoreError>;
     /// Delete progress reports older than `before` (ms).
     async fn task_progress_prune(&self, before: i64) -> Result<u64, StoreError>;
-    /// Delete up to `limit` tasks past their ttl, with their rows.
-    async fn task_purge_expired(&self, now: i64, limit: i64) -> Result<u64, StoreError>;
+    /// One bounded pass over up to `limit` tasks past their ttl, and up
+    /// to `limit` kept ones now due, in one transaction: each is kept,
+    /// archived or deleted with its rows as [`retention::fate`] says.
+    async fn task_purge(&self, now: i64, limit: i64) -> Result<PurgeReport, StoreError>;
+    /// Read only: up to `limit` tasks a purge at `now` would look at, with
+    /// row keys above `after_seq`, in row order (`taskbroker prune
+    /// --dry-run` pages through them).
+    async fn task_purge_candidates(
+        &self,
+        now: i64,
+        after_seq: i64,
+        limit: i64,
+    ) -> Result<Vec<RetentionCandidate>, StoreError>;
     /// `owner`'s status changes after feed position `after_id` (GET-stream
     /// replay).
     async fn task_events_for_owner_since(
@@ -538,7 +551,7 @@ pub trait OneWrite: Storage {
         now: i64,
     ) -> Result<TaskRow, StoreError> {
         let write = Write::Create {
-            new: new.clone(),
+            new: Box::new(new.clone()),
             job,
             outcome: outcome.cloned(),
         };

@@ -169,6 +169,8 @@ pub struct NewTask {
     /// task is kept (a second creation with it fails with
     /// [`StoreError::IdempotencyKeyTaken`](crate::StoreError::IdempotencyKeyTaken)).
     pub idempotency_key: Option<String>,
+    /// What becomes of it once its ttl has passed.
+    pub retention: crate::retention::Retention,
 }
 
 /// The job that runs a new task.
