@@ -180,6 +180,12 @@ def main() -> None:
     ap.add_argument("--backlog", type=int, default=5000)
     ap.add_argument("--turn-rounds", type=int, default=3)
     ap.add_argument("--out")
+    # What the base lacks, and the block of --out the table goes in (the
+    # retention run of scripts/bench-queue --retention sets them).
+    ap.add_argument("--lacks", default="idempotency keys, priorities and delayed starts, and retry-after")
+    ap.add_argument("--block", default="queue")
+    ap.add_argument("--title", default="The order of the queue (issue 27)")
+    ap.add_argument("--command", default="scripts/bench-queue")
     args = ap.parse_args()
     rows = []
     n = 0
@@ -206,20 +212,21 @@ def main() -> None:
                     r.update({"round": rnd, "driver": driver, "bin": label, "backlog": backlog})
                     print(json.dumps(r), flush=True)
                     fair.append(r)
-    table = report(rows, args) + ("\n\n" + report_turns(fair, args) if fair else "")
+    table = report(rows, args) + ("\n\n" + report_turns(fair, args) if fair else
+                                  f"\n\nCommand: `{args.command}`.")
     print(table)
     if args.out:
-        write_block(args.out, "queue", "The order of the queue (issue 27)", table)
+        write_block(args.out, args.block, args.title, table)
 
 
 def report(rows: list[dict], args) -> str:
     commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True).stdout.strip()
     errors = sum(r["errors"] for r in rows)
     lines = [
-        f"Measured by `scripts/bench-queue` at commit `{commit}` against `{args.base_rev}` (before idempotency keys, "
-        f"priorities and delayed starts, and retry-after), alternately in the same rounds: {os.cpu_count()} cores, "
+        f"Measured by `{args.command}` at commit `{commit}` against `{args.base_rev}` (before {args.lacks}), "
+        f"alternately in the same rounds: {os.cpu_count()} cores, "
         f"release build, `serve` with no flag but `--db` and `--listen`, `taskbroker bench` with {args.clients} clients "
-        f"and {args.tasks} `sleep 0` tasks per run (no call uses a key, a priority or a start), median of "
+        f"and {args.tasks} `sleep 0` tasks per run (no call uses a key, a priority or a start; no retention rule), median of "
         f"{args.rounds} rounds (min-max); head/base ratios taken round by round; errors in all runs: {errors}.",
         "",
         "| driver | tasks/s head | tasks/s base | head / base | terminal p50 ms head / base | broker CPU ms/task head / base |",
