@@ -533,6 +533,13 @@ async fn item5_a_fresh_broker_exports_every_documented_family(driver: Driver) {
             "{outcome}"
         );
     }
+    for fate in ["deleted", "archived", "kept"] {
+        assert_eq!(
+            m.find("taskbroker_expired_tasks_total", &[("fate", fate)]),
+            Some(0.0),
+            "{fate}"
+        );
+    }
     assert!(
         text.contains(
             r#"taskbroker_http_requests_total{method="GET",path="/metrics",status="200"} 0"#

@@ -182,7 +182,8 @@ async fn rules_of_status_and_tool_keep_archive_or_delete(driver: Driver) {
 both_drivers!(rules_of_status_and_tool_keep_archive_or_delete);
 
 /// The broker's own maintenance applies the rules too: 30 completed tasks
-/// past their ttl, all kept by the running broker.
+/// past their ttl, all kept by the running broker, which counts them in
+/// its metrics.
 async fn the_running_broker_applies_the_rules(driver: Driver) {
     let server = Server::start_with_config_on(
         driver,
@@ -223,6 +224,18 @@ async fn the_running_broker_applies_the_rules(driver: Driver) {
         server.log().contains("expired tasks purged"),
         "{}",
         server.log()
+    );
+    // And counts them: taskbroker_expired_tasks_total{fate="kept"}.
+    let base = server.url.trim_end_matches("/mcp");
+    let metrics = reqwest::get(format!("{base}/metrics"))
+        .await
+        .unwrap()
+        .text()
+        .await
+        .unwrap();
+    assert!(
+        metrics.contains("taskbroker_expired_tasks_total{fate=\"kept\"} 30"),
+        "{metrics}"
     );
 }
 both_drivers!(the_running_broker_applies_the_rules);

@@ -131,6 +131,7 @@ async fn purge_expired(broker: &Broker, batch: i64) {
     loop {
         match broker.store().task_purge(now_ms(), batch).await {
             Ok(report) => {
+                crate::metrics::get().tasks_expired(&report);
                 if report.total() > 0 {
                     tracing::info!(
                         deleted = report.deleted,

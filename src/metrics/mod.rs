@@ -22,7 +22,7 @@ use prometheus_client::metrics::histogram::{Histogram, exponential_buckets};
 use prometheus_client::registry::Registry;
 
 use crate::clock::now_ms;
-use crate::store::TaskStatus;
+use crate::store::{PurgeReport, TaskStatus};
 
 pub use http::{OpenStreams, Scrape, UpstreamStates, http_layer, routes, serve_worker_metrics};
 
@@ -43,6 +43,7 @@ pub struct Metrics {
     job_retries: Counter,
     lease_expiries: Family<Labels, Counter>,
     job_rescues: Counter,
+    expired_tasks: Family<Labels, Counter>,
     workers: Family<Labels, Gauge>,
     http_requests: Family<Labels, Counter>,
     http_latency: HistogramFamily,
@@ -72,6 +73,9 @@ const FINISHED: [TaskStatus; 3] = [
 
 /// What becomes of a job whose lease expired (`lease_expiries`).
 const LEASE_OUTCOMES: [&str; 3] = ["requeued", "failed", "closed"];
+
+/// What the purge does with a task past its ttl (`expired_tasks`).
+const EXPIRED_FATES: [&str; 3] = ["deleted", "archived", "kept"];
 
 /// The answers of the probe and scrape endpoints every listener serves
 /// (`method`, `path`, `status`): zero from the start, as Prometheus's own
@@ -104,6 +108,7 @@ static METRICS: LazyLock<Metrics> = LazyLock::new(|| Metrics {
     job_retries: Counter::default(),
     lease_expiries: Family::default(),
     job_rescues: Counter::default(),
+    expired_tasks: Family::default(),
     workers: Family::default(),
     http_requests: Family::default(),
     http_latency: Family::new_with_constructor(latency_histogram),
@@ -168,6 +173,11 @@ static REGISTRY: LazyLock<Registry> = LazyLock::new(|| {
         "lease_expiries",
         "Expired job leases this process took back, by what became of the job (requeued, failed: no attempts left, closed: task cancelled)",
         m.lease_expiries.clone(),
+    );
+    r.register(
+        "expired_tasks",
+        "Tasks past their ttl this process's purge handled, by what became of them (deleted, archived, kept: by a retention rule, until it is due)",
+        m.expired_tasks.clone(),
     );
     r.register(
         "job_rescues",
@@ -300,6 +310,12 @@ impl Metrics {
                     .get_or_create(&vec![("outcome", outcome.to_owned())]),
             );
         }
+        for fate in EXPIRED_FATES {
+            drop(
+                self.expired_tasks
+                    .get_or_create(&vec![("fate", fate.to_owned())]),
+            );
+        }
         for (method, path, status) in PROBE_ANSWERS {
             drop(
                 self.http_requests
@@ -411,6 +427,22 @@ impl Metrics {
             }
         }
         self.job_rescues.inc_by(requeued);
+    }
+
+    /// A purge pass deleted, archived and kept these many tasks past their
+    /// ttl.
+    pub fn tasks_expired(&self, report: &PurgeReport) {
+        for (fate, n) in
+            EXPIRED_FATES
+                .into_iter()
+                .zip([report.deleted, report.archived, report.kept])
+        {
+            if n > 0 {
+                self.expired_tasks
+                    .get_or_create(&vec![("fate", fate.to_owned())])
+                    .inc_by(n);
+            }
+        }
     }
 
     /// The writer starts a commit of `writes` writes.
