@@ -243,12 +243,20 @@ both_drivers!(tools_are_served_as_listed_and_plain_calls_reach_the_upstream);
 
 /// Issue 25 items 2 and 3: a task call of an upstream tool runs in a
 /// worker; the upstream's progress notifications become the task's
-/// progress (stored rows), its result the task's result.
+/// progress (stored rows), its result the task's result. Issue 27 item 3:
+/// the task carries the retention rule of its upstream, a per-tool
+/// section winning over the upstream's own.
 async fn a_task_call_relays_progress_and_ends_with_the_upstreams_result(driver: Driver) {
     let Some(script) = server_everything() else {
         return;
     };
-    let server = broker(driver, &script, "", &[]);
+    let server = broker(
+        driver,
+        &script,
+        "retain_completed = \"8d\"\nretain_failed = \"8d\"\narchive = true\n\
+         [upstream.tools.trigger-long-running-operation]\nretain_failed = \"9d\"\n",
+        &[],
+    );
     let mut c = server.client().await;
     let task = c
         .call_task(
@@ -271,7 +279,25 @@ async fn a_task_call_relays_progress_and_ends_with_the_upstreams_result(driver: 
             &[Arg::Text(task_id.clone())],
         )
         .await;
+    let rule: (Option<i64>, Option<i64>, Option<i64>) = db
+        .one(
+            "SELECT retain_completed_ms, retain_failed_ms, retain_cancelled_ms FROM tasks WHERE task_id = $1",
+            &[Arg::Text(task_id.clone())],
+        )
+        .await;
+    let archived: i64 = db
+        .scalar(
+            "SELECT CAST(CASE WHEN archive THEN 1 ELSE 0 END AS BIGINT) FROM tasks WHERE task_id = $1",
+            &[Arg::Text(task_id.clone())],
+        )
+        .await;
     db.close().await;
+    assert_eq!(
+        rule,
+        (Some(8 * 86_400_000), Some(9 * 86_400_000), None),
+        "the upstream's rule, its tool's section winning"
+    );
+    assert_eq!(archived, 1);
     assert!(progress >= 1, "no progress stored");
     // A tool the upstream does not run as a task: the checkpoint says the
     // call was sent (so a lost run is not repeated unless allowed).
