@@ -829,6 +829,12 @@ fn retention_shorter_than_max_ttl_is_refused_at_start_with_file_and_line() {
         err.contains(&format!("{f}:7:")) && err.contains("'soon' is not a duration"),
         "{err}"
     );
+    // A number of seconds too large for a duration: refused, no panic.
+    let (f, err) = serve_refuses("[server]\nretain_failed = 1e30\n");
+    assert!(
+        err.contains(&format!("{f}:2:")) && err.contains("is not a duration"),
+        "{err}"
+    );
 }
 
 /// Issue 27 item 2: the queue settings of a `[[tool]]` and an

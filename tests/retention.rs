@@ -176,6 +176,10 @@ async fn rules_of_status_and_tool_keep_archive_or_delete(driver: Driver) {
         .err("tasks/get", json!({ "taskId": id(&sleep_done) }))
         .await;
     assert_eq!(gone["code"], -32602, "{gone}");
+    assert!(
+        gone["message"].as_str().unwrap().contains("not found"),
+        "{gone}"
+    );
     let list = c.ok("tasks/list", json!({})).await;
     assert_eq!(list["tasks"], json!([]), "{list}");
 }

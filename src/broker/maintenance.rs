@@ -11,7 +11,7 @@ use tokio_util::sync::CancellationToken;
 use super::Broker;
 use crate::clock::now_ms;
 use crate::defaults;
-use crate::store::RescueReport;
+use crate::store::{PurgeReport, RescueReport, Store, StoreError};
 
 /// Timing of the maintenance services.
 #[derive(Debug, Clone, Copy)]
@@ -128,28 +128,42 @@ async fn purge_expired(broker: &Broker, batch: i64) {
     {
         tracing::warn!(error = %e, "progress prune failed");
     }
+    let purged = purge_until_done(broker.store(), batch, |report| {
+        crate::metrics::get().tasks_expired(report);
+        if report.total() > 0 {
+            tracing::info!(
+                deleted = report.deleted,
+                archived = report.archived,
+                kept = report.kept,
+                "expired tasks purged (deleted, archived, or kept by a retention rule)"
+            );
+        }
+    })
+    .await;
+    if let Err(e) = purged {
+        tracing::warn!(error = %e, "ttl purge failed");
+    }
+}
+
+/// Purge passes of up to `batch` tasks each (see
+/// [`TaskStore::task_purge`](crate::store::TaskStore::task_purge)) until one
+/// is not full, calling `each` with every pass's report; the sum.
+pub async fn purge_until_done(
+    store: &Store,
+    batch: i64,
+    mut each: impl FnMut(&PurgeReport),
+) -> Result<PurgeReport, StoreError> {
+    let mut total = PurgeReport::default();
     loop {
-        match broker.store().task_purge(now_ms(), batch).await {
-            Ok(report) => {
-                crate::metrics::get().tasks_expired(&report);
-                if report.total() > 0 {
-                    tracing::info!(
-                        deleted = report.deleted,
-                        archived = report.archived,
-                        kept = report.kept,
-                        "expired tasks purged (deleted, archived, or kept by a retention rule)"
-                    );
-                }
-                // Each half of a pass reads at most `batch` rows: another
-                // pass only when one was full.
-                if report.total() < batch as u64 {
-                    return;
-                }
-            }
-            Err(e) => {
-                tracing::warn!(error = %e, "ttl purge failed");
-                return;
-            }
+        let report = store.task_purge(now_ms(), batch).await?;
+        each(&report);
+        total.deleted += report.deleted;
+        total.archived += report.archived;
+        total.kept += report.kept;
+        // Each half of a pass reads at most `batch` rows: another pass
+        // only when one was full.
+        if report.total() < u64::try_from(batch).unwrap_or(0) {
+            return Ok(total);
         }
     }
 }

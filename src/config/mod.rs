@@ -66,8 +66,9 @@ impl DurationValue {
 
     fn to_duration(&self) -> Result<Duration, String> {
         match self {
-            Self::Seconds(s) if s.is_finite() && *s >= 0.0 => Ok(Duration::from_secs_f64(*s)),
-            Self::Seconds(s) => Err(format!("{s} is not a duration")),
+            Self::Seconds(s) => {
+                Duration::try_from_secs_f64(*s).map_err(|_| format!("{s} is not a duration"))
+            }
             Self::Text(t) => {
                 humantime::parse_duration(t).map_err(|e| format!("'{t}' is not a duration: {e}"))
             }
@@ -501,9 +502,9 @@ impl Config {
     }
 
     /// Refuse a retention shorter than `max_ttl`, the longest ttl a task
-    /// may be given: the ttl a client asks for is honoured (T-33), so a
-    /// task is never removed before it, and a rule that could not keep a
-    /// task past its ttl is a mistake worth saying at start.
+    /// may be given: a task is kept at least its ttl (T-33; the purge reads
+    /// only tasks past it), so such a rule would keep nothing for a task
+    /// with a long ttl: a mistake worth saying at start.
     pub fn check_retention(&self, max_ttl: Duration) -> Result<(), ConfigError> {
         let s = &self.file.server;
         let mut sections = vec![(
@@ -544,9 +545,9 @@ impl Config {
                     return Err(self.error(
                         line,
                         format!(
-                            "{what}: {key} = {} is shorter than max_ttl ({}): a task may be \
-                             given a ttl up to max_ttl and is kept at least that long (the \
-                             ttl is honoured); raise {key} or lower max_ttl",
+                            "{what}: {key} = {} is shorter than max_ttl ({}): a task is kept \
+                             at least its ttl, which may be up to max_ttl, so this rule would \
+                             keep nothing for such tasks; raise {key} or lower max_ttl",
                             value.get_ref().as_written(),
                             humantime::format_duration(max_ttl)
                         ),

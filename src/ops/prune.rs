@@ -9,11 +9,12 @@ use clap::Args;
 use serde_json::{Value, json};
 
 use super::{DbArg, failed, open, print_json, table};
+use crate::broker::maintenance::purge_until_done;
 use crate::client::EXIT_OK;
 use crate::clock::now_ms;
 use crate::defaults;
 use crate::mcp::format_time;
-use crate::store::{Fate, PurgeReport, Store, retention::fate};
+use crate::store::{Fate, Store, retention::fate};
 
 /// `taskbroker prune`.
 #[derive(Debug, Clone, Args)]
@@ -47,20 +48,10 @@ pub async fn run(args: PruneArgs) -> u8 {
 
 /// Purge passes until one finds less than a full batch.
 async fn prune(store: &Store, json: bool) -> u8 {
-    let mut total = PurgeReport::default();
-    loop {
-        match store.task_purge(now_ms(), defaults::PURGE_BATCH).await {
-            Ok(report) => {
-                total.deleted += report.deleted;
-                total.archived += report.archived;
-                total.kept += report.kept;
-                if report.total() < defaults::PURGE_BATCH as u64 {
-                    break;
-                }
-            }
-            Err(e) => return failed(&format!("prune: {e}")),
-        }
-    }
+    let total = match purge_until_done(store, defaults::PURGE_BATCH, |_| {}).await {
+        Ok(total) => total,
+        Err(e) => return failed(&format!("prune: {e}")),
+    };
     if json {
         return print_json(&json!({
             "deleted": total.deleted,

@@ -312,6 +312,17 @@ impl Raw {
             .map(|done| done.rows_affected()))
     }
 
+    /// Run one statement made at run time (a column name in it, say).
+    async fn execute_text(&self, sql: String, args: &[Arg]) -> Result<u64, sqlx::Error> {
+        on_pool!(self, |pool| bind_all!(
+            sqlx::query(sqlx::AssertSqlSafe(sql.clone())),
+            args
+        )
+        .execute(pool)
+        .await
+        .map(|done| done.rows_affected()))
+    }
+
     /// The one value of a one-row, one-column query.
     async fn scalar<T>(&self, sql: &'static str, args: &[Arg]) -> Result<T, sqlx::Error>
     where

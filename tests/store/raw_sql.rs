@@ -221,6 +221,47 @@ async fn raw_sql_terminal_tasks_never_change_t11(db: TestDb) {
 }
 store_test!(raw_sql_terminal_tasks_never_change_t11);
 
+/// T-11, for every column the database has: writing any column of a
+/// terminal task but keep_until (set once by the retention purge) is
+/// refused, so a column added later and left out of the terminal trigger's
+/// list fails here.
+async fn raw_sql_every_column_of_a_terminal_task_is_fixed_t11(db: TestDb) {
+    let raw = db.raw().await;
+    let seq = raw_insert_task(&raw, "t-1", T0).await;
+    raw_finish(&raw, seq, "completed", T0 + 1).await;
+    let columns: Vec<(String,)> = match db.driver() {
+        Driver::Sqlite => raw.rows("SELECT name FROM pragma_table_info('tasks')", args![]),
+        Driver::Postgres => raw.rows(
+            "SELECT CAST(column_name AS TEXT) FROM information_schema.columns
+              WHERE table_name = 'tasks' AND table_schema = current_schema()",
+            args![],
+        ),
+    }
+    .await
+    .unwrap();
+    assert!(columns.len() > 20, "{columns:?}");
+    for (column,) in &columns {
+        if column == "keep_until" {
+            continue;
+        }
+        let r = raw
+            .execute_text(
+                format!("UPDATE tasks SET {column} = {column} WHERE seq = $1"),
+                args![seq],
+            )
+            .await;
+        match r {
+            Ok(_) => panic!("{column} of a terminal task could be written"),
+            Err(e) => assert!(e.to_string().contains(T11_TERMINAL), "{column}: {e}"),
+        }
+    }
+    let r = raw
+        .execute("UPDATE tasks SET keep_until = 5 WHERE seq = $1", args![seq])
+        .await;
+    assert_eq!(r.unwrap(), 1, "keep_until is the one column a purge sets");
+}
+store_test!(raw_sql_every_column_of_a_terminal_task_is_fixed_t11);
+
 async fn raw_sql_completed_to_working_refused_t11(db: TestDb) {
     let raw = db.raw().await;
     let seq = raw_insert_task(&raw, "t-1", T0).await;

@@ -146,9 +146,6 @@ impl PurgePlan {
         let mut plan = Self::default();
         for task in candidates {
             match fate(&task, now) {
-                // Kept already (a candidate read at another `now`): nothing
-                // to write, keep_until is set once.
-                Fate::Keep { .. } if task.keep_until.is_some() => {}
                 Fate::Keep { until } => plan.keep.push((task.seq, until)),
                 Fate::Archive => plan.archive.push(task.seq),
                 Fate::Delete => plan.delete.push(task.seq),
@@ -255,16 +252,5 @@ mod tests {
             fate(&task("cancelled", archive, None), 1_200),
             Fate::Archive
         );
-        // A plan writes keep_until only on a task not kept yet (it is set
-        // once).
-        let plan = PurgePlan::of(
-            [
-                task("failed", rule, Some(9_000)),
-                task("failed", rule, None),
-            ],
-            1_200,
-        );
-        assert_eq!(plan.keep, vec![(1, 1_500)]);
-        assert!(plan.gone().is_empty());
     }
 }
