@@ -164,15 +164,21 @@ async fn issue13_tool_concurrency_caps_that_tool_and_no_other() {
     );
 }
 
-/// `global_concurrency = 2` holds across two worker processes (each could
-/// run more), and another tool runs beside it.
+/// `global_concurrency = 2` holds across worker processes: three, each
+/// allowed one gpu job at once (`concurrency = 1`), could run three
+/// together; they run at most two. Since each runs at most one, reaching
+/// two at once means two processes ran gpu jobs side by side (whichever
+/// wins each claim race: nothing here depends on it). Another tool runs
+/// beside it.
 #[tokio::test]
 async fn issue13_global_concurrency_holds_across_worker_processes() {
-    let config = timed_tool("gpu", "1", "global_concurrency = 2") + &timed_tool("light", "0.2", "");
+    let config = timed_tool("gpu", "1", "global_concurrency = 2\nconcurrency = 1")
+        + &timed_tool("light", "0.2", "");
     let server = Server::start_with_config(&config, &["--workers", "0"]);
     let cfg = server.config_path();
-    let _a = WorkerProc::start(&server, 0, &["--config", &cfg]);
-    let _b = WorkerProc::start(&server, 1, &["--config", &cfg]);
+    let _workers: Vec<WorkerProc> = (0..3)
+        .map(|n| WorkerProc::start(&server, n, &["--config", &cfg]))
+        .collect();
     let gpu = create_tasks(&server, "gpu", json!({}), 12, 3).await;
     let light = create_tasks(&server, "light", json!({}), 6, 2).await;
     wait_all_completed(&server, &light, Duration::from_secs(20)).await;
@@ -186,7 +192,7 @@ async fn issue13_global_concurrency_holds_across_worker_processes() {
     .fetch_one(&db)
     .await
     .unwrap();
-    assert_eq!(workers, 2, "both processes ran gpu jobs");
+    assert!(workers >= 2, "two at once took two processes: {workers}");
 }
 
 /// Open tasks/result of a task waiting for its client and read until the
