@@ -157,9 +157,7 @@ pub async fn purge_until_done(
     loop {
         let report = store.task_purge(now_ms(), batch).await?;
         each(&report);
-        total.deleted += report.deleted;
-        total.archived += report.archived;
-        total.kept += report.kept;
+        total += report;
         // Each half of a pass reads at most `batch` rows: another pass
         // only when one was full.
         if report.total() < u64::try_from(batch).unwrap_or(0) {

@@ -3,7 +3,7 @@
 
 use async_trait::async_trait;
 use sqlx::PgConnection;
-use taskbroker_storage::retention::{CandidateRow, PurgePlan};
+use taskbroker_storage::retention::PurgePlan;
 use taskbroker_storage::text::{self, TaskEventText, TaskText};
 use taskbroker_storage::*;
 
@@ -217,7 +217,7 @@ impl TaskStore for PostgresStore {
         // reverse of a completion's order, so the two must not overlap.
         let mut tx = begin_feed(&self.pool).await?;
         let rows = sqlx::query_as!(
-            CandidateRow,
+            RetentionCandidate,
             r#"(SELECT seq AS "seq!", tool AS "tool!", status AS "status!",
                        updated_at AS "updated_at!", keep_until, retain_completed_ms,
                        retain_failed_ms, retain_cancelled_ms, archive AS "archive!"
@@ -234,7 +234,7 @@ impl TaskStore for PostgresStore {
         )
         .fetch_all(&mut *tx)
         .await?;
-        let plan = PurgePlan::of(rows.into_iter().map(RetentionCandidate::from), now);
+        let plan = PurgePlan::of(rows, now);
         if !plan.keep.is_empty() {
             let (seqs, until): (Vec<i64>, Vec<i64>) = plan.keep.iter().copied().unzip();
             sqlx::query!(
@@ -286,7 +286,7 @@ impl TaskStore for PostgresStore {
         limit: i64,
     ) -> Result<Vec<RetentionCandidate>, StoreError> {
         let rows = sqlx::query_as!(
-            CandidateRow,
+            RetentionCandidate,
             r#"SELECT seq, tool, status, updated_at, keep_until, retain_completed_ms,
                       retain_failed_ms, retain_cancelled_ms, archive
                  FROM tasks
@@ -300,7 +300,7 @@ impl TaskStore for PostgresStore {
         )
         .fetch_all(&self.pool)
         .await?;
-        Ok(rows.into_iter().map(RetentionCandidate::from).collect())
+        Ok(rows)
     }
 
     /// The changes of `owner`'s tasks after feed position `after_id`, oldest

@@ -3,7 +3,7 @@
 
 use async_trait::async_trait;
 use sqlx::SqliteConnection;
-use taskbroker_storage::retention::{CandidateRow, PurgePlan, json_ids, json_pairs};
+use taskbroker_storage::retention::{PurgePlan, json_ids, json_pairs};
 use taskbroker_storage::text::{self, TaskEventText, TaskText};
 use taskbroker_storage::*;
 
@@ -209,7 +209,7 @@ impl TaskStore for SqliteStore {
     async fn task_purge(&self, now: i64, limit: i64) -> Result<PurgeReport, StoreError> {
         let mut tx = self.write.begin_with(BEGIN_IMMEDIATE).await?;
         let rows = sqlx::query_as!(
-            CandidateRow,
+            RetentionCandidate,
             r#"SELECT seq AS "seq!", tool AS "tool!", status AS "status!",
                       updated_at AS "updated_at!", keep_until AS "keep_until?",
                       retain_completed_ms AS "retain_completed_ms?",
@@ -229,7 +229,7 @@ impl TaskStore for SqliteStore {
         )
         .fetch_all(&mut *tx)
         .await?;
-        let plan = PurgePlan::of(rows.into_iter().map(RetentionCandidate::from), now);
+        let plan = PurgePlan::of(rows, now);
         if !plan.keep.is_empty() {
             let keep = json_pairs(&plan.keep);
             sqlx::query!(
@@ -284,7 +284,7 @@ impl TaskStore for SqliteStore {
         limit: i64,
     ) -> Result<Vec<RetentionCandidate>, StoreError> {
         let rows = sqlx::query_as!(
-            CandidateRow,
+            RetentionCandidate,
             r#"SELECT seq AS "seq!", tool, status, updated_at, keep_until, retain_completed_ms,
                       retain_failed_ms, retain_cancelled_ms, archive AS "archive!: bool"
                  FROM tasks
@@ -298,7 +298,7 @@ impl TaskStore for SqliteStore {
         )
         .fetch_all(&self.read)
         .await?;
-        Ok(rows.into_iter().map(RetentionCandidate::from).collect())
+        Ok(rows)
     }
 
     /// The changes of `owner`'s tasks after feed position `after_id`, oldest

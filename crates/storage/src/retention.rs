@@ -40,21 +40,39 @@ impl Retention {
 }
 
 /// A task the purge looks at: past its ttl and not yet decided, or kept
-/// and now due.
+/// and now due; the columns of its row, as either driver reads them.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct RetentionCandidate {
-    /// Row key.
+    /// `tasks.seq`.
     pub seq: i64,
-    /// Its tool.
+    /// `tasks.tool`.
     pub tool: String,
-    /// Its status.
+    /// `tasks.status`.
     pub status: String,
-    /// When it last changed: for a terminal task, when it finished.
+    /// `tasks.updated_at`: for a terminal task, when it finished.
     pub updated_at: i64,
-    /// Set once a rule kept it past its ttl.
+    /// `tasks.keep_until`: set once a rule kept it past its ttl.
     pub keep_until: Option<i64>,
+    /// `tasks.retain_completed_ms`.
+    pub retain_completed_ms: Option<i64>,
+    /// `tasks.retain_failed_ms`.
+    pub retain_failed_ms: Option<i64>,
+    /// `tasks.retain_cancelled_ms`.
+    pub retain_cancelled_ms: Option<i64>,
+    /// `tasks.archive`.
+    pub archive: bool,
+}
+
+impl RetentionCandidate {
     /// Its rule.
-    pub retention: Retention,
+    pub fn retention(&self) -> Retention {
+        Retention {
+            completed_ms: self.retain_completed_ms,
+            failed_ms: self.retain_failed_ms,
+            cancelled_ms: self.retain_cancelled_ms,
+            archive: self.archive,
+        }
+    }
 }
 
 /// What the purge does with a candidate.
@@ -77,55 +95,14 @@ pub enum Fate {
 /// passes has no rule that keeps it.
 pub fn fate(task: &RetentionCandidate, now: i64) -> Fate {
     let until = task.keep_until.or_else(|| {
-        task.retention
+        task.retention()
             .keep_ms(&task.status)
             .map(|keep| task.updated_at.saturating_add(keep))
     });
     match until {
         Some(until) if until > now => Fate::Keep { until },
-        _ if task.retention.archive => Fate::Archive,
+        _ if task.archive => Fate::Archive,
         _ => Fate::Delete,
-    }
-}
-
-/// A candidate as a driver reads it (both dialects give these columns).
-#[derive(Debug, Clone)]
-pub struct CandidateRow {
-    /// `tasks.seq`.
-    pub seq: i64,
-    /// `tasks.tool`.
-    pub tool: String,
-    /// `tasks.status`.
-    pub status: String,
-    /// `tasks.updated_at`.
-    pub updated_at: i64,
-    /// `tasks.keep_until`.
-    pub keep_until: Option<i64>,
-    /// `tasks.retain_completed_ms`.
-    pub retain_completed_ms: Option<i64>,
-    /// `tasks.retain_failed_ms`.
-    pub retain_failed_ms: Option<i64>,
-    /// `tasks.retain_cancelled_ms`.
-    pub retain_cancelled_ms: Option<i64>,
-    /// `tasks.archive`.
-    pub archive: bool,
-}
-
-impl From<CandidateRow> for RetentionCandidate {
-    fn from(row: CandidateRow) -> Self {
-        Self {
-            seq: row.seq,
-            tool: row.tool,
-            status: row.status,
-            updated_at: row.updated_at,
-            keep_until: row.keep_until,
-            retention: Retention {
-                completed_ms: row.retain_completed_ms,
-                failed_ms: row.retain_failed_ms,
-                cancelled_ms: row.retain_cancelled_ms,
-                archive: row.archive,
-            },
-        }
     }
 }
 
@@ -199,6 +176,14 @@ pub struct PurgeReport {
     pub kept: u64,
 }
 
+impl std::ops::AddAssign for PurgeReport {
+    fn add_assign(&mut self, other: Self) {
+        self.deleted += other.deleted;
+        self.archived += other.archived;
+        self.kept += other.kept;
+    }
+}
+
 impl PurgeReport {
     /// Tasks the pass looked at.
     pub fn total(&self) -> u64 {
@@ -217,7 +202,10 @@ mod tests {
             status: status.into(),
             updated_at: 1_000,
             keep_until,
-            retention,
+            retain_completed_ms: retention.completed_ms,
+            retain_failed_ms: retention.failed_ms,
+            retain_cancelled_ms: retention.cancelled_ms,
+            archive: retention.archive,
         }
     }
 
