@@ -49,6 +49,9 @@
 //!   stderr is closed.
 //! - [`console`]: the web console at `/ui` (pages, its JSON and its live
 //!   events), for operators.
+//! - [`traces`]: OpenTelemetry spans of a task's life across processes,
+//!   the W3C trace context a task carries, and their OTLP export (off
+//!   unless asked).
 //! - [`metrics`]: Prometheus metrics (`/metrics`) and readiness (`/readyz`).
 //! - [`clock`]: wall-clock milliseconds, the unit of every stored time.
 //! - [`ops`]: the operator commands (`taskbroker stats`, `workers`,
@@ -74,5 +77,6 @@ pub mod ops;
 pub mod server;
 pub mod store;
 pub mod tools;
+pub mod traces;
 pub mod upstream;
 pub mod worker;

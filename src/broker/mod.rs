@@ -33,6 +33,7 @@ use crate::store::{
     AnswerOutcome, CancelOutcome, Driver, NewJob, NewTask, Store, StoreError, TaskRow,
 };
 use crate::tools::{Registry, TaskSupport, Tool, ToolCatalog, ToolOutcome};
+use crate::traces::{self, TraceContext};
 use open_tasks::OpenTasks;
 
 pub use crate::store::TaskStatus;
@@ -93,6 +94,9 @@ pub struct Caller<'a> {
     /// The priority and start the call asked for
     /// ([`schedule::Requested::of`]).
     pub schedule: schedule::Requested,
+    /// The W3C trace context the call came with
+    /// ([`TraceContext::of_request`]).
+    pub trace: Option<&'a TraceContext>,
 }
 
 /// Why a task operation was refused.
@@ -315,9 +319,57 @@ impl Broker {
     /// transaction, answered at once (T-7). Arguments that fail the tool's
     /// schema still make a task, which ends `failed` with the `isError`
     /// result (H-10) without running.
+    ///
+    /// Traced as the client's call (a server span under the context the
+    /// call came with) and, inside it, the task's creation, whose context
+    /// the task keeps for every later step.
     pub async fn tools_call_task(
         &self,
         caller: &Caller<'_>,
+        name: &str,
+        arguments: Map<String, Value>,
+        requested_ttl: Option<i64>,
+        progress_token: Option<Value>,
+    ) -> Result<Task, BrokerError> {
+        let mut call = traces::Span::start(traces::SpanKind::Server, caller.trace, || {
+            let mut attributes = vec![
+                traces::KeyValue::new(traces::key::METHOD, "tools/call"),
+                traces::KeyValue::new(traces::key::TOOL, name.to_owned()),
+            ];
+            if let Some(session) = caller.session_id {
+                attributes.push(traces::KeyValue::new(
+                    traces::key::SESSION,
+                    session.to_owned(),
+                ));
+            }
+            (format!("tools/call {name}").into(), attributes)
+        });
+        let created = self
+            .create_task(
+                caller,
+                &call,
+                name,
+                arguments,
+                requested_ttl,
+                progress_token,
+            )
+            .await;
+        match &created {
+            Ok(task) => call.set(|| {
+                vec![traces::KeyValue::new(
+                    traces::key::TASK_ID,
+                    task.task_id.clone(),
+                )]
+            }),
+            Err(e) => call.fail(|| e.to_string()),
+        }
+        created
+    }
+
+    async fn create_task(
+        &self,
+        caller: &Caller<'_>,
+        call: &traces::Span,
         name: &str,
         arguments: Map<String, Value>,
         requested_ttl: Option<i64>,
@@ -358,8 +410,20 @@ impl Broker {
             .validate(name, &arguments)
             .err()
             .map(|reason| outcome_to_record(&ToolOutcome::tool_error(reason)));
+        let task_id = uuid::Uuid::new_v4().to_string();
+        let creation = traces::Span::start(traces::SpanKind::Producer, call.context(), || {
+            (
+                "task create".into(),
+                vec![
+                    traces::KeyValue::new(traces::key::TASK_ID, task_id.clone()),
+                    traces::KeyValue::new(traces::key::TOOL, name.to_owned()),
+                    traces::KeyValue::new(traces::key::PRIORITY, placement.priority),
+                ],
+            )
+        });
+        let trace = creation.context();
         let new = NewTask {
-            task_id: uuid::Uuid::new_v4().to_string(),
+            task_id,
             owner: owner.to_owned(),
             tool: name.to_owned(),
             arguments: arguments.to_string(),
@@ -370,6 +434,8 @@ impl Broker {
             client_capabilities: caller.client_capabilities.map(Value::to_string),
             idempotency_key: caller.idempotency_key.map(str::to_owned),
             retention: tool.definition().retention.or(self.config.retention).rule(),
+            traceparent: trace.map(|t| t.traceparent.clone()),
+            tracestate: trace.and_then(|t| t.tracestate.clone()),
         };
         let job = refused.is_none().then_some(NewJob {
             max_attempts: tool.definition().max_attempts.max(1),

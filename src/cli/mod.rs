@@ -68,7 +68,33 @@ pub enum Command {
     Prune(ops::PruneArgs),
 }
 
+/// Where OpenTelemetry spans go (`serve`, `worker`).
+#[derive(Debug, Clone, clap::Args)]
+pub struct TraceArgs {
+    /// Export OpenTelemetry spans of each task's life (call, creation,
+    /// claim, attempt, completion) over OTLP/HTTP to the collector at URL,
+    /// e.g. http://127.0.0.1:4318 (spans go to URL/v1/traces) [default: off,
+    /// unless OTEL_EXPORTER_OTLP_ENDPOINT is set].
+    #[arg(long, env = "TASKBROKER_OTLP_ENDPOINT", value_name = "URL")]
+    pub otlp_endpoint: Option<String>,
+}
+
 impl Command {
+    /// What this subcommand exports spans as, if it runs tasks (`serve`,
+    /// `worker`); whether it does is [`crate::traces::export::start`]'s
+    /// call.
+    pub fn trace_settings(&self) -> Option<crate::traces::export::Settings> {
+        let (args, process) = match self {
+            Command::Serve(args) => (&args.traces, "serve"),
+            Command::Worker(args) => (&args.traces, "worker"),
+            _ => return None,
+        };
+        Some(crate::traces::export::Settings {
+            endpoint: args.otlp_endpoint.clone(),
+            process,
+        })
+    }
+
     /// The log filter of this subcommand: the client and operator
     /// commands print their own output, so their logs are warnings only.
     pub fn log_filter(&self) -> &'static str {

@@ -24,6 +24,9 @@ pub struct ServeArgs {
     /// Config file (taskbroker.toml): settings and command tools.
     #[arg(long, env = "TASKBROKER_CONFIG")]
     config: Option<PathBuf>,
+    /// Where spans of every task's life go.
+    #[command(flatten)]
+    pub(super) traces: super::TraceArgs,
     /// The database: a SQLite file (created and migrated on first start), or a
     /// postgres://user@host/dbname URL (the database must exist; it is migrated)
     /// [default: taskbroker.db].

@@ -21,6 +21,9 @@ pub struct WorkerArgs {
     /// Config file (taskbroker.toml): the same tools as the server.
     #[arg(long, env = "TASKBROKER_CONFIG")]
     config: Option<PathBuf>,
+    /// Where spans of the runs go.
+    #[command(flatten)]
+    pub(super) traces: super::TraceArgs,
     /// The database: a SQLite file or a postgres://user@host/dbname URL; it must
     /// have the current schema [default: taskbroker.db].
     #[arg(long, env = "TASKBROKER_DB")]

@@ -98,6 +98,8 @@ pub struct PlainCall {
     pub sse: bool,
     /// The request's id (for notifications/cancelled).
     pub request_id: RequestId,
+    /// The W3C trace context the call came with, passed to the tool.
+    pub trace: Option<crate::traces::TraceContext>,
 }
 
 /// Run `tool` for a plain call; its events become stream items.
@@ -105,7 +107,7 @@ pub fn run(call: PlainCall, tool: Arc<dyn Tool>, arguments: Value) -> Reply {
     let (events_tx, mut events) = mpsc::unbounded_channel();
     let (items_tx, items) = mpsc::unbounded_channel();
     let cancel = call.requests.track(&call.session.id, &call.request_id);
-    let ctx = ToolContext::new(events_tx, cancel.clone(), None, 1);
+    let ctx = ToolContext::new(events_tx, cancel.clone(), None, 1).with_trace(call.trace.clone());
     let name = tool.definition().name.clone();
     let outcome = async move {
         let run = tool.call(arguments, ctx);

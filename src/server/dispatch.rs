@@ -4,6 +4,7 @@
 
 use std::sync::Arc;
 
+use axum::http::HeaderMap;
 use serde_json::{Map, Value, json};
 use tokio::sync::mpsc;
 
@@ -39,6 +40,7 @@ pub async fn dispatch(
     state: &AppState,
     session: &Arc<Session>,
     sse: bool,
+    headers: &HeaderMap,
     id: &RequestId,
     method: &str,
     params: Option<&Value>,
@@ -47,7 +49,7 @@ pub async fn dispatch(
         "ping" => Reply::Done(Ok(json!({}))),
         "logging/setLevel" => logging_set_level(session, params),
         "tools/list" => tools_list(state, session, params),
-        "tools/call" => tools_call(state, session, sse, id, params).await,
+        "tools/call" => tools_call(state, session, sse, headers, id, params).await,
         "tasks/get" => tasks_get(state, session, params).await,
         "tasks/result" => tasks_result(state, session, params).await,
         "tasks/list" => tasks_list(state, session, params).await,
@@ -101,6 +103,7 @@ async fn tools_call(
     state: &AppState,
     session: &Arc<Session>,
     sse: bool,
+    headers: &HeaderMap,
     id: &RequestId,
     params: Option<&Value>,
 ) -> Reply {
@@ -122,6 +125,7 @@ async fn tools_call(
             Ok(key) => key,
             Err(e) => return Reply::err(e.to_rpc("create")),
         };
+        let trace = crate::traces::TraceContext::of_request(meta, Some(headers));
         return match broker
             .tools_call_task(
                 &crate::broker::Caller {
@@ -130,6 +134,7 @@ async fn tools_call(
                     client_capabilities: None,
                     idempotency_key,
                     schedule,
+                    trace: trace.as_ref(),
                 },
                 &params.name,
                 arguments,
@@ -175,6 +180,7 @@ async fn tools_call(
             progress_token,
             sse,
             request_id: id.clone(),
+            trace: crate::traces::TraceContext::of_request(meta, Some(headers)),
         },
         tool,
         arguments,

@@ -273,7 +273,16 @@ async fn respond(
         .and_then(Value::as_str)
         .map(str::to_owned);
     let sse = accepts(headers, "text/event-stream");
-    let reply = dispatch(&state, &session, sse, &id, &method, params.as_ref()).await;
+    let reply = dispatch(
+        &state,
+        &session,
+        sse,
+        headers,
+        &id,
+        &method,
+        params.as_ref(),
+    )
+    .await;
     match reply {
         Reply::Done(outcome) => {
             log_request(&method, task_id.as_deref(), &outcome, started);

@@ -155,10 +155,20 @@ async fn run(name: &str, spec: &CommandSpec, arguments: Value, ctx: ToolContext)
         .env("TASKBROKER_TASK_ID", ctx.task_id().unwrap_or(""))
         .env("TASKBROKER_ATTEMPT", ctx.attempt().to_string())
         .env("TASKBROKER_TOOL", name)
+        // The run's trace context (W3C names), never one the broker itself
+        // was started with.
+        .env_remove("TRACEPARENT")
+        .env_remove("TRACESTATE")
         .stdin(Stdio::piped())
         .stdout(Stdio::piped())
         .stderr(Stdio::piped())
         .process_group(0);
+    if let Some(trace) = ctx.trace() {
+        command.env("TRACEPARENT", &trace.traceparent);
+        if let Some(state) = &trace.tracestate {
+            command.env("TRACESTATE", state);
+        }
+    }
     if let Some(dir) = &spec.working_dir {
         command.current_dir(dir);
     }

@@ -196,6 +196,8 @@ pub struct ToolContext {
     checkpoint: Option<String>,
     /// Where this run keeps one (None: a plain call, nothing outlives it).
     checkpoints: Option<Arc<dyn Checkpoints>>,
+    /// The trace context of this run (its attempt's span), if any.
+    trace: Option<crate::traces::TraceContext>,
 }
 
 impl ToolContext {
@@ -213,7 +215,18 @@ impl ToolContext {
             attempt,
             checkpoint: None,
             checkpoints: None,
+            trace: None,
         }
+    }
+    /// The same context, for a run traced under `trace` (what the tool
+    /// passes on: `TRACEPARENT` to a command, `_meta` to an upstream).
+    pub fn with_trace(mut self, trace: Option<crate::traces::TraceContext>) -> Self {
+        self.trace = trace;
+        self
+    }
+    /// The W3C trace context this run is part of, if any.
+    pub fn trace(&self) -> Option<&crate::traces::TraceContext> {
+        self.trace.as_ref()
     }
     /// The same context, for a task's run that resumes from `checkpoint`
     /// (an earlier run's) and keeps new ones in `checkpoints`.

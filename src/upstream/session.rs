@@ -47,6 +47,7 @@ use crate::mcp::{
     ErrorCode, LogLevel, RELATED_TASK_META, RequestId, RpcError, error_response, modern,
     notification, success_response,
 };
+use crate::traces::TraceContext;
 
 /// The protocol version offered in `initialize`.
 pub const OFFERED_PROTOCOL_VERSION: &str = "2025-11-25";
@@ -608,9 +609,23 @@ impl Session {
         handler: Arc<dyn CallHandler>,
         cancel: &CancellationToken,
     ) -> Result<Value, CallError> {
+        self.call_tool_traced(name, arguments, None, handler, cancel)
+            .await
+    }
+
+    /// [`Session::call_tool`] as part of the trace `trace` (its
+    /// `traceparent` and `tracestate` in the request's `_meta`, SEP-414).
+    pub async fn call_tool_traced(
+        &self,
+        name: &str,
+        arguments: Value,
+        trace: Option<&TraceContext>,
+        handler: Arc<dyn CallHandler>,
+        cancel: &CancellationToken,
+    ) -> Result<Value, CallError> {
         if self.is_stateless() {
             let task_id = match self
-                .call_tool_directed(name, arguments, handler.clone(), cancel)
+                .call_tool_directed(name, arguments, trace, handler.clone(), cancel)
                 .await?
             {
                 Directed::Result(result) => return Ok(result),
@@ -628,7 +643,7 @@ impl Session {
             }
             return followed;
         }
-        let params = json!({ "name": name, "arguments": arguments });
+        let params = traced(json!({ "name": name, "arguments": arguments }), trace);
         let result = self
             .call_with_progress("tools/call", params, handler, cancel)
             .await?;
@@ -649,7 +664,13 @@ impl Session {
             "taskbroker-{}",
             self.inner.next_token.fetch_add(1, Ordering::Relaxed)
         ));
-        params["_meta"] = json!({ "progressToken": token });
+        if let Some(meta) = params
+            .as_object_mut()
+            .map(|p| p.entry("_meta").or_insert_with(|| json!({})))
+            .and_then(Value::as_object_mut)
+        {
+            meta.insert("progressToken".into(), token.clone());
+        }
         let route = Route {
             progress_token: Some(token),
             task_id: None,
@@ -668,7 +689,22 @@ impl Session {
         arguments: Value,
         ttl_ms: u64,
     ) -> Result<Value, CallError> {
-        let params = json!({ "name": name, "arguments": arguments, "task": { "ttl": ttl_ms } });
+        self.call_tool_as_task_traced(name, arguments, ttl_ms, None)
+            .await
+    }
+
+    /// [`Session::call_tool_as_task`] as part of the trace `trace`.
+    pub async fn call_tool_as_task_traced(
+        &self,
+        name: &str,
+        arguments: Value,
+        ttl_ms: u64,
+        trace: Option<&TraceContext>,
+    ) -> Result<Value, CallError> {
+        let params = traced(
+            json!({ "name": name, "arguments": arguments, "task": { "ttl": ttl_ms } }),
+            trace,
+        );
         let created = self.request("tools/call", params).await?;
         if created
             .pointer("/task/taskId")
@@ -1085,6 +1121,19 @@ fn without_related_task(mut params: Value) -> Value {
         if emptied {
             object.remove("_meta");
         }
+    }
+    params
+}
+
+/// `params` with `trace` in their `_meta` (nothing added without one).
+pub(super) fn traced(mut params: Value, trace: Option<&TraceContext>) -> Value {
+    if let Some(trace) = trace
+        && let Some(meta) = params
+            .as_object_mut()
+            .map(|p| p.entry("_meta").or_insert_with(|| json!({})))
+            .and_then(Value::as_object_mut)
+    {
+        trace.insert_into(meta);
     }
     params
 }

@@ -30,6 +30,7 @@ use super::session::{CallHandler, Era, ServerRequest, Session, opening_request};
 use super::wire::Connection;
 use super::{CallError, StartError};
 use crate::mcp::{ErrorCode, RpcError, modern};
+use crate::traces::TraceContext;
 
 /// Rounds of input requests one call may take before it is given up (a
 /// server that asks forever must not hold a worker forever).
@@ -156,12 +157,14 @@ impl Session {
         &self,
         name: &str,
         arguments: Value,
+        trace: Option<&TraceContext>,
         handler: Arc<dyn CallHandler>,
         cancel: &CancellationToken,
     ) -> Result<Directed, CallError> {
         let mut answers: Option<(Value, Option<Value>)> = None;
         for _ in 0..INPUT_ROUNDS_MAX {
-            let mut params = json!({ "name": name, "arguments": arguments });
+            let mut params =
+                super::session::traced(json!({ "name": name, "arguments": arguments }), trace);
             if let Some((responses, state)) = answers.take() {
                 params["inputResponses"] = responses;
                 if let Some(state) = state {

@@ -199,7 +199,7 @@ impl UpstreamTool {
         }
         let relay: Arc<dyn CallHandler> = Arc::new(Relay { ctx: ctx.clone() });
         match session
-            .call_tool(&self.remote, arguments, relay, &cancel)
+            .call_tool_traced(&self.remote, arguments, ctx.trace(), relay, &cancel)
             .await
         {
             Ok(result) => ToolOutcome::Result(result),
@@ -219,7 +219,7 @@ impl UpstreamTool {
     ) -> ToolOutcome {
         let relay: Arc<dyn CallHandler> = Arc::new(Relay { ctx: ctx.clone() });
         let task_id = match session
-            .call_tool_directed(&self.remote, arguments, relay, cancel)
+            .call_tool_directed(&self.remote, arguments, ctx.trace(), relay, cancel)
             .await
         {
             Ok(Directed::Result(result)) => return ToolOutcome::Result(result),
@@ -249,7 +249,7 @@ impl UpstreamTool {
         cancel: &CancellationToken,
     ) -> ToolOutcome {
         let created = match session
-            .call_tool_as_task(&self.remote, arguments, UPSTREAM_TASK_TTL_MS)
+            .call_tool_as_task_traced(&self.remote, arguments, UPSTREAM_TASK_TTL_MS, ctx.trace())
             .await
         {
             Ok(created) => created,

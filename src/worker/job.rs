@@ -20,6 +20,7 @@ use crate::clock::now_ms;
 use crate::mcp::RpcError;
 use crate::store::{ClaimedJob, StoreError, TaskMessage, TaskStatus};
 use crate::tools::{Checkpoints, ToolContext, ToolEvent, ToolOutcome};
+use crate::traces::{self, KeyValue, SpanKind, TraceContext, key};
 
 impl WorkerPool {
     /// Run one claimed job to its end, or until its lease is lost, its task
@@ -37,6 +38,7 @@ impl WorkerPool {
         let started = std::time::Instant::now();
         tracing::info!(task_id = %job.task_id, tool = %job.tool, attempt = job.attempt, "job started");
         crate::metrics::get().job_started(job.attempt);
+        let mut span = self.attempt_span(&job);
         let (events_tx, mut events) = mpsc::unbounded_channel();
         let cancel = CancellationToken::new();
         let ctx = ToolContext::new(
@@ -45,6 +47,7 @@ impl WorkerPool {
             Some(job.task_id.clone()),
             job.attempt,
         )
+        .with_trace(span.context().cloned())
         .with_checkpoints(
             job.checkpoint.clone(),
             Arc::new(JobCheckpoints {
@@ -78,6 +81,7 @@ impl WorkerPool {
                 outcome = &mut tool_run => break Some(outcome),
                 _ = release.cancelled() => {
                     cancel.cancel();
+                    span.set(|| vec![KeyValue::new(key::STATUS, "released")]);
                     match self.store.job_release(job.task_seq, &job.lease_token, now_ms()).await {
                         Ok(true) => {
                             self.feed.announce_queued();
@@ -146,6 +150,7 @@ impl WorkerPool {
                         Ok(_) => {}
                         Err(StoreError::LeaseLost) => {
                             cancel.cancel();
+                            span.fail(|| "lease lost: tool stopped, nothing written".into());
                             tracing::warn!(task_id = %job.task_id, "lease lost: tool stopped, nothing written");
                             return;
                         }
@@ -156,6 +161,12 @@ impl WorkerPool {
         };
         let Some(outcome) = outcome else {
             // Cancelled: the task already says so; close the job.
+            span.set(|| {
+                vec![KeyValue::new(
+                    key::STATUS,
+                    TaskStatus::Cancelled.to_string(),
+                )]
+            });
             match self
                 .store
                 .job_finish_cancelled(job.task_seq, &job.lease_token, now_ms())
@@ -185,7 +196,7 @@ impl WorkerPool {
             }
         }
         progress.flush(self, &job).await;
-        self.record(&job, &outcome, started).await;
+        self.record(&job, &outcome, started, &mut span).await;
         self.announce_if_limited_globally(&job);
     }
 
@@ -339,8 +350,50 @@ impl WorkerPool {
         }
     }
 
-    async fn record(&self, job: &ClaimedJob, outcome: &ToolOutcome, started: std::time::Instant) {
+    /// The span of this run: under the context the task was created with,
+    /// in whichever process claimed it.
+    fn attempt_span(&self, job: &ClaimedJob) -> traces::Span {
+        let parent = job_trace(job);
+        traces::Span::start(SpanKind::Consumer, parent.as_ref(), || {
+            (
+                "task attempt".into(),
+                vec![
+                    KeyValue::new(key::TASK_ID, job.task_id.clone()),
+                    KeyValue::new(key::TOOL, job.tool.clone()),
+                    KeyValue::new(key::ATTEMPT, job.attempt),
+                    KeyValue::new(key::WORKER, self.worker_id.clone()),
+                ],
+            )
+        })
+    }
+
+    /// Store the run's outcome (a span of its own, under the run's).
+    async fn record(
+        &self,
+        job: &ClaimedJob,
+        outcome: &ToolOutcome,
+        started: std::time::Instant,
+        run: &mut traces::Span,
+    ) {
         let record = outcome_to_record(outcome);
+        run.set(|| vec![KeyValue::new(key::STATUS, record.status.to_string())]);
+        if record.status != TaskStatus::Completed {
+            run.fail(|| {
+                record
+                    .status_message
+                    .clone()
+                    .unwrap_or_else(|| record.status.to_string())
+            });
+        }
+        let mut span = traces::Span::start(SpanKind::Internal, run.context(), || {
+            (
+                "task complete".into(),
+                vec![
+                    KeyValue::new(key::TASK_ID, job.task_id.clone()),
+                    KeyValue::new(key::STATUS, record.status.to_string()),
+                ],
+            )
+        });
         // A busy database is retried; a lost lease is final.
         for attempt in 0..5u32 {
             match self
@@ -359,6 +412,7 @@ impl WorkerPool {
                     return;
                 }
                 Err(StoreError::LeaseLost) => {
+                    span.fail(|| "lease lost before completion: outcome dropped".into());
                     tracing::warn!(task_id = %job.task_id, "lease lost before completion: outcome dropped");
                     return;
                 }
@@ -369,6 +423,11 @@ impl WorkerPool {
             }
         }
     }
+}
+
+/// The trace context stored with a claimed job's task, if any.
+pub(super) fn job_trace(job: &ClaimedJob) -> Option<TraceContext> {
+    TraceContext::stored(job.traceparent.as_deref(), job.tracestate.as_deref())
 }
 
 /// A progress report's status text: its message, else `progress/total`.

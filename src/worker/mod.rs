@@ -282,9 +282,10 @@ impl WorkerPool {
             }
         }
         let token = uuid::Uuid::new_v4().to_string();
+        let began = crate::traces::enabled().then(std::time::SystemTime::now);
         // Through the writer: the claim shares a group commit (one fsync)
         // with the creations and completions queued meanwhile.
-        match self
+        let claimed = match self
             .writer
             .claim(
                 &self.worker_id,
@@ -300,6 +301,31 @@ impl WorkerPool {
                 tracing::warn!(error = %e, "claim failed");
                 Vec::new()
             }
+        };
+        if let Some(began) = began {
+            self.trace_claims(&claimed, began);
+        }
+        claimed
+    }
+
+    /// A span per job claimed (traces on): the claim statement's time, under
+    /// the task's stored context. (A job handed to this pool in its
+    /// creation's transaction has none: its claim is the creation.)
+    fn trace_claims(&self, jobs: &[ClaimedJob], began: std::time::SystemTime) {
+        use crate::traces::{KeyValue, Span, SpanKind, key};
+        for job in jobs {
+            let parent = job::job_trace(job);
+            let _claim = Span::start_at(SpanKind::Consumer, parent.as_ref(), Some(began), || {
+                (
+                    "task claim".into(),
+                    vec![
+                        KeyValue::new(key::TASK_ID, job.task_id.clone()),
+                        KeyValue::new(key::TOOL, job.tool.clone()),
+                        KeyValue::new(key::ATTEMPT, job.attempt),
+                        KeyValue::new(key::WORKER, self.worker_id.clone()),
+                    ],
+                )
+            });
         }
     }
 

@@ -274,3 +274,45 @@ async fn idempotency_keys_are_unique_per_owner_and_tool(db: TestDb) {
     );
 }
 store_test!(idempotency_keys_are_unique_per_owner_and_tool);
+
+/// Issue 27 item 5: the trace context a task is created with comes back
+/// with its claim, whether the task was made alone (`task_create`) or in a
+/// group commit of several, with and without a `tracestate`; a task made
+/// without one claims with none.
+async fn trace_context_comes_back_with_the_claim(db: TestDb) {
+    let parent = |n: u8| format!("00-{:032x}-{:016x}-01", u128::from(n) + 1, u64::from(n) + 1);
+    let traced = |id: &str, n: u8, state: Option<&str>| NewTask {
+        traceparent: Some(parent(n)),
+        tracestate: state.map(str::to_owned),
+        ..new_task(id, "alice")
+    };
+    db.store
+        .task_create(&traced("alone", 1, Some("v=1")), Some(JOB), None, T0)
+        .await
+        .unwrap();
+    let ops = vec![
+        create_op(traced("grouped-a", 2, None), Some(JOB), None),
+        create_op(traced("grouped-b", 3, Some("v=3,w=4")), Some(JOB), None),
+        create_op(new_task("untraced", "alice"), Some(JOB), None),
+    ];
+    for done in db.store.write_batch(&ops, T0).await.unwrap() {
+        created(done).unwrap();
+    }
+    let claimed = db
+        .store
+        .job_claim_available("w1", "lease-1", &echo(10), 10, LEASE_MS, T0 + 1)
+        .await
+        .unwrap();
+    let got: std::collections::HashMap<_, _> = claimed
+        .into_iter()
+        .map(|j| (j.task_id, (j.traceparent, j.tracestate)))
+        .collect();
+    assert_eq!(got["alone"], (Some(parent(1)), Some("v=1".to_owned())));
+    assert_eq!(got["grouped-a"], (Some(parent(2)), None));
+    assert_eq!(
+        got["grouped-b"],
+        (Some(parent(3)), Some("v=3,w=4".to_owned()))
+    );
+    assert_eq!(got["untraced"], (None, None));
+}
+store_test!(trace_context_comes_back_with_the_claim);

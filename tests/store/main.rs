@@ -414,6 +414,8 @@ fn new_task(task_id: &str, owner: &str) -> NewTask {
         client_capabilities: None,
         idempotency_key: None,
         retention: Default::default(),
+        traceparent: None,
+        tracestate: None,
     }
 }
 

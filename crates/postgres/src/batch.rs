@@ -49,9 +49,10 @@ impl GroupCommit for PostgresStore {
             r#"INSERT INTO tasks (task_id, owner, tool, arguments, status, created_at, updated_at,
                               ttl_ms, expires_at, poll_interval_ms, progress_token, session_id,
                               client_capabilities, idempotency_key, retain_completed_ms,
-                              retain_failed_ms, retain_cancelled_ms, archive)
+                              retain_failed_ms, retain_cancelled_ms, archive, traceparent,
+                              tracestate)
            VALUES ($1, $2, $3, $4, 'working', $5, $5, $6, $7, $8, $9, $10, $11, $12, $13, $14,
-                   $15, $16)
+                   $15, $16, $17, $18)
            RETURNING seq"#,
             new.task_id,
             new.owner,
@@ -69,6 +70,8 @@ impl GroupCommit for PostgresStore {
             new.retention.failed_ms,
             new.retention.cancelled_ms,
             new.retention.archive,
+            new.traceparent,
+            new.tracestate,
         )
         .fetch_one(&mut *conn)
         .await?;
@@ -248,7 +251,8 @@ impl GroupCommit for PostgresStore {
                      t.arguments AS "arguments!", t.progress_token AS "progress_token?",
                      jobs.attempt AS "attempt!", jobs.max_attempts AS "max_attempts!",
                      jobs.priority AS "priority!", jobs.lease_token AS "lease_token!",
-                     jobs.checkpoint AS "checkpoint?""#,
+                     jobs.checkpoint AS "checkpoint?", t.traceparent AS "traceparent?",
+                     t.tracestate AS "tracestate?""#,
             worker,
             lease_token,
             lease_expires_at,
@@ -273,17 +277,20 @@ impl GroupCommit for PostgresStore {
             r#"INSERT INTO tasks (task_id, owner, tool, arguments, status, created_at, updated_at,
                               ttl_ms, expires_at, poll_interval_ms, progress_token, session_id,
                               client_capabilities, idempotency_key, retain_completed_ms,
-                              retain_failed_ms, retain_cancelled_ms, archive)
+                              retain_failed_ms, retain_cancelled_ms, archive, traceparent,
+                              tracestate)
            SELECT c.task_id, c.owner, c.tool, c.arguments, 'working', $1, $1, c.ttl_ms,
                   c.expires_at, c.poll_interval_ms, c.progress_token, c.session_id,
                   c.client_capabilities, c.idempotency_key, c.retain_completed_ms,
-                  c.retain_failed_ms, c.retain_cancelled_ms, c.archive
+                  c.retain_failed_ms, c.retain_cancelled_ms, c.archive, c.traceparent,
+                  c.tracestate
              FROM jsonb_to_recordset($2::jsonb)
                   AS c(task_id text, owner text, tool text, arguments text, ttl_ms bigint,
                        expires_at bigint, poll_interval_ms bigint, progress_token text,
                        session_id text, client_capabilities text, idempotency_key text,
                        retain_completed_ms bigint, retain_failed_ms bigint,
-                       retain_cancelled_ms bigint, archive boolean)
+                       retain_cancelled_ms bigint, archive boolean, traceparent text,
+                       tracestate text)
            RETURNING seq, task_id, owner, tool, arguments, status, status_message, created_at,
                      updated_at, ttl_ms, expires_at, poll_interval_ms, progress_token, result,
                      result_kind, tool_error"#,

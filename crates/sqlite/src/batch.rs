@@ -43,8 +43,9 @@ impl GroupCommit for SqliteStore {
             r#"INSERT INTO tasks (task_id, owner, tool, arguments, status, created_at, updated_at,
                               ttl_ms, expires_at, poll_interval_ms, progress_token, session_id,
                               client_capabilities, idempotency_key, retain_completed_ms,
-                              retain_failed_ms, retain_cancelled_ms, archive)
-           VALUES (?, ?, ?, ?, 'working', ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)
+                              retain_failed_ms, retain_cancelled_ms, archive, traceparent,
+                              tracestate)
+           VALUES (?, ?, ?, ?, 'working', ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)
            RETURNING seq"#,
             new.task_id,
             new.owner,
@@ -63,6 +64,8 @@ impl GroupCommit for SqliteStore {
             new.retention.failed_ms,
             new.retention.cancelled_ms,
             new.retention.archive,
+            new.traceparent,
+            new.tracestate,
         )
         .fetch_one(&mut *conn)
         .await?;
@@ -214,7 +217,9 @@ impl GroupCommit for SqliteStore {
                      (SELECT progress_token FROM tasks WHERE seq = task_seq) AS "progress_token?: String",
                      attempt AS "attempt!", max_attempts AS "max_attempts!", priority AS "priority!",
                      lease_token AS "lease_token!: String",
-                     checkpoint AS "checkpoint?: String""#,
+                     checkpoint AS "checkpoint?: String",
+                     (SELECT traceparent FROM tasks WHERE seq = task_seq) AS "traceparent?: String",
+                     (SELECT tracestate FROM tasks WHERE seq = task_seq) AS "tracestate?: String""#,
             worker,
             lease_token,
             lease_expires_at,
@@ -240,13 +245,15 @@ impl GroupCommit for SqliteStore {
             r#"INSERT INTO tasks (task_id, owner, tool, arguments, status, created_at, updated_at,
                               ttl_ms, expires_at, poll_interval_ms, progress_token, session_id,
                               client_capabilities, idempotency_key, retain_completed_ms,
-                              retain_failed_ms, retain_cancelled_ms, archive)
+                              retain_failed_ms, retain_cancelled_ms, archive, traceparent,
+                              tracestate)
            SELECT value ->> 'task_id', value ->> 'owner', value ->> 'tool', value ->> 'arguments',
                   'working', ?1, ?1, value ->> 'ttl_ms', value ->> 'expires_at',
                   value ->> 'poll_interval_ms', value ->> 'progress_token', value ->> 'session_id',
                   value ->> 'client_capabilities', value ->> 'idempotency_key',
                   value ->> 'retain_completed_ms', value ->> 'retain_failed_ms',
-                  value ->> 'retain_cancelled_ms', value ->> 'archive'
+                  value ->> 'retain_cancelled_ms', value ->> 'archive',
+                  value ->> 'traceparent', value ->> 'tracestate'
              FROM json_each(?2) ORDER BY key
            RETURNING seq AS "seq!", task_id AS "task_id!", owner AS "owner!", tool AS "tool!",
                      arguments AS "arguments!", status AS "status!",

@@ -296,9 +296,10 @@ async fn grouped_writes<D: GroupCommit>(
 /// The tasks of a grouped insert as one JSON array: per task its
 /// `task_id`, `owner`, `tool`, `arguments`, `ttl_ms`, `expires_at`,
 /// `poll_interval_ms`, `progress_token`, `session_id`,
-/// `client_capabilities`, `idempotency_key` and its retention rule
+/// `client_capabilities`, `idempotency_key`, its retention rule
 /// (`retain_completed_ms`, `retain_failed_ms`, `retain_cancelled_ms`,
-/// `archive`), in the batch's order.
+/// `archive`) and trace context (`traceparent`, `tracestate`), in the
+/// batch's order.
 pub fn new_tasks_json(items: &[(&NewTask, NewJob)], now: i64) -> Value {
     items
         .iter()
@@ -319,6 +320,8 @@ pub fn new_tasks_json(items: &[(&NewTask, NewJob)], now: i64) -> Value {
                 "retain_failed_ms": t.retention.failed_ms,
                 "retain_cancelled_ms": t.retention.cancelled_ms,
                 "archive": t.retention.archive,
+                "traceparent": t.traceparent,
+                "tracestate": t.tracestate,
             })
         })
         .collect()

@@ -171,6 +171,11 @@ pub struct NewTask {
     pub idempotency_key: Option<String>,
     /// What becomes of it once its ttl has passed.
     pub retention: crate::retention::Retention,
+    /// The W3C trace context it runs under (`traceparent`, 55 characters),
+    /// if the call had one or the broker exports traces.
+    pub traceparent: Option<String>,
+    /// The `tracestate` that came with it (at most 512 characters).
+    pub tracestate: Option<String>,
 }
 
 /// The job that runs a new task.
@@ -280,6 +285,10 @@ pub struct ClaimedJob {
     /// Where an earlier attempt had got to, as it saved it (JSON text), so
     /// that a tool that can resume does not start over.
     pub checkpoint: Option<String>,
+    /// The task's W3C trace context, as stored at its creation.
+    pub traceparent: Option<String>,
+    /// Its `tracestate`, if any.
+    pub tracestate: Option<String>,
 }
 
 /// How many jobs of one tool a claim may take.

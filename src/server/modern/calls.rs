@@ -197,6 +197,7 @@ async fn create_task(
         client_capabilities: Some(&request.envelope.capabilities),
         idempotency_key,
         schedule,
+        trace: request.trace.as_ref(),
     };
     match state
         .broker
@@ -289,7 +290,8 @@ fn run_plain(
 ) -> Answer {
     let (events_tx, mut events) = mpsc::unbounded_channel();
     let (items_tx, items) = mpsc::unbounded_channel();
-    let ctx = ToolContext::new(events_tx, CancellationToken::new(), None, 1);
+    let ctx = ToolContext::new(events_tx, CancellationToken::new(), None, 1)
+        .with_trace(request.trace.clone());
     let capabilities = request.envelope.capabilities.clone();
     let progress_token = request.envelope.progress_token.clone();
     let log_level = request.envelope.log_level;

@@ -73,6 +73,8 @@ pub struct Request<'a> {
     pub params: Option<&'a Value>,
     /// Its id (also the id of a `subscriptions/listen` stream).
     pub id: &'a RequestId,
+    /// The W3C trace context of a `tools/call` (`_meta`, else headers).
+    pub trace: Option<crate::traces::TraceContext>,
 }
 
 /// Methods only 2026-07-28 has: a request for one is served here even
@@ -178,11 +180,17 @@ fn check<'a>(
         Some(p) => Owner::principal(&p.0),
         None => Owner::stateless(),
     };
+    let trace = if method == "tools/call" {
+        crate::traces::TraceContext::of_request(params.and_then(|p| p.get("_meta")), Some(headers))
+    } else {
+        None
+    };
     Ok(Request {
         owner,
         envelope,
         params,
         id,
+        trace,
     })
 }
 
