@@ -17,6 +17,11 @@ last run, which in turns does not depend on N (the base, first come first
 served, is run with 200 only: behind 5,000 it would wait some 250 s). Calls
 are MCP 2026-07-28 requests with each principal's token.
 
+With --otlp-sink (scripts/bench-queue --traces), the head broker exports
+its spans over OTLP/HTTP to a sink in this script that answers every POST
+with 200 and counts the requests and bytes (--head-args names the flag):
+what traces cost when on, against the same binary with them off.
+
 Prints one JSON line per run, then a Markdown table (also written between
 the "queue:start" and "queue:end" markers of --out).
 """
@@ -31,7 +36,9 @@ import socket
 import statistics
 import subprocess
 import tempfile
+import threading
 import time
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 from bench_scale import PGURL, cpu_seconds, psql, write_block
 
@@ -76,10 +83,40 @@ def start_broker(binary: str, db: str, extra: list[str], err_path: str) -> tuple
             time.sleep(0.05)
 
 
-def run(binary: str, driver: str, clients: int, tasks: int, work: str, n: int) -> dict:
+class OtlpSink:
+    """An OTLP/HTTP endpoint that accepts everything (an empty protobuf
+    answer) and counts requests and bytes."""
+
+    def __init__(self) -> None:
+        self.requests = 0
+        self.bytes = 0
+        sink = self
+
+        class Handler(BaseHTTPRequestHandler):
+            def do_POST(self) -> None:  # noqa: N802 (http.server's name)
+                length = int(self.headers.get("content-length", 0))
+                self.rfile.read(length)
+                sink.requests += 1
+                sink.bytes += length
+                self.send_response(200)
+                self.send_header("content-type", "application/x-protobuf")
+                self.send_header("content-length", "0")
+                self.end_headers()
+
+            def log_message(self, *args) -> None:
+                pass
+
+        self.server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        self.url = f"http://127.0.0.1:{self.server.server_address[1]}"
+        threading.Thread(target=self.server.serve_forever, daemon=True).start()
+
+
+def run(binary: str, driver: str, clients: int, tasks: int, work: str, n: int,
+        extra: list[str] | None = None, sink: OtlpSink | None = None) -> dict:
     """One broker on a fresh database, one bench against it."""
     db = fresh_db(driver, work, f"q{n}")
-    broker, port = start_broker(binary, db, [], os.path.join(work, f"serve{n}.log"))
+    broker, port = start_broker(binary, db, extra or [], os.path.join(work, f"serve{n}.log"))
+    sent = (sink.requests, sink.bytes) if sink else None
     url = f"http://127.0.0.1:{port}/mcp"
     try:
         before = cpu_seconds(broker.pid)
@@ -87,7 +124,14 @@ def run(binary: str, driver: str, clients: int, tasks: int, work: str, n: int) -
                               "--json"], capture_output=True, text=True, check=True).stdout
         cpu = cpu_seconds(broker.pid) - before
         r = json.loads(out)
+        exported = {}
+        if sink and sent:
+            # What left after the bench: the batches of its last spans.
+            broker.terminate()
+            broker.wait(timeout=30)
+            exported = {"otlp_requests": sink.requests - sent[0], "otlp_bytes": sink.bytes - sent[1]}
         return {
+            **exported,
             "tasks_per_s": r["tasks_per_s"],
             "create_p50_ms": r["create"]["p50_ms"],
             "terminal_p50_ms": r["terminal"]["p50_ms"],
@@ -186,7 +230,14 @@ def main() -> None:
     ap.add_argument("--block", default="queue")
     ap.add_argument("--title", default="The order of the queue (issue 27)")
     ap.add_argument("--command", default="scripts/bench-queue")
+    # What `serve` of the head gets besides --db and --listen ({sink}: the
+    # OTLP sink's URL), and how the base is named in the report.
+    ap.add_argument("--head-args", default="")
+    ap.add_argument("--otlp-sink", action="store_true")
+    ap.add_argument("--versus")
     args = ap.parse_args()
+    sink = OtlpSink() if args.otlp_sink else None
+    head_args = [a.replace("{sink}", sink.url if sink else "") for a in args.head_args.split()]
     rows = []
     n = 0
     # The tool processes of a killed broker may still write for a moment.
@@ -198,7 +249,9 @@ def main() -> None:
                     order.reverse()
                 for label, binary in order:
                     n += 1
-                    r = run(binary, driver, args.clients, args.tasks, work, n)
+                    extra = head_args if label == "head" else []
+                    r = run(binary, driver, args.clients, args.tasks, work, n, extra,
+                            sink if label == "head" else None)
                     r.update({"round": rnd, "driver": driver, "bin": label})
                     print(json.dumps(r), flush=True)
                     rows.append(r)
@@ -222,12 +275,19 @@ def main() -> None:
 def report(rows: list[dict], args) -> str:
     commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True).stdout.strip()
     errors = sum(r["errors"] for r in rows)
+    versus = args.versus or f"against `{args.base_rev}` (before {args.lacks})"
+    serve = (f"`serve` with no flag but `--db`, `--listen` and, for the head, `{args.head_args}`" if args.head_args
+             else "`serve` with no flag but `--db` and `--listen`")
+    exported = [r for r in rows if "otlp_requests" in r]
+    sent = (f" The head's spans went out in {statistics.median(r['otlp_requests'] for r in exported):.0f} OTLP requests "
+            f"of {statistics.median(r['otlp_bytes'] for r in exported) / 1e6:.1f} MB per run (median), counted by the sink."
+            if exported else "")
     lines = [
-        f"Measured by `{args.command}` at commit `{commit}` against `{args.base_rev}` (before {args.lacks}), "
+        f"Measured by `{args.command}` at commit `{commit}` {versus}, "
         f"alternately in the same rounds: {os.cpu_count()} cores, "
-        f"release build, `serve` with no flag but `--db` and `--listen`, `taskbroker bench` with {args.clients} clients "
+        f"release build, {serve}, `taskbroker bench` with {args.clients} clients "
         f"and {args.tasks} `sleep 0` tasks per run (no call uses a key, a priority or a start; no retention rule), median of "
-        f"{args.rounds} rounds (min-max); head/base ratios taken round by round; errors in all runs: {errors}.",
+        f"{args.rounds} rounds (min-max); head/base ratios taken round by round; errors in all runs: {errors}.{sent}",
         "",
         "| driver | tasks/s head | tasks/s base | head / base | terminal p50 ms head / base | broker CPU ms/task head / base |",
         "| --- | --- | --- | --- | --- | --- |",

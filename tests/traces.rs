@@ -8,7 +8,9 @@
 //! `TRACEPARENT`. With export off, a client's context is still carried
 //! (stored on the row, handed to the tool) as it came; an invalid one is
 //! ignored; the HTTP header is the fallback for `_meta`; 2026-07-28 calls
-//! carry it too; an `https://` or empty endpoint is refused at start.
+//! carry it too, and so do calls to upstream servers; a client's
+//! not-sampled flag means no spans; an archived task keeps its trace id;
+//! an `https://` or empty endpoint is refused at start.
 
 #![allow(clippy::unwrap_used)] // tests: a failed unwrap is a failed test
 
@@ -32,6 +34,8 @@ use serde_json::{Value, json};
 /// The client's own span, as an MCP client would send it.
 const CLIENT_TRACE: &str = "4bf92f3577b34da6a3ce929d0e0e4736";
 const CLIENT_SPAN: &str = "00f067aa0ba902b7";
+/// A trace the client did not sample (flags 00).
+const UNSAMPLED_TRACE: &str = "5bf92f3577b34da6a3ce929d0e0e4737";
 
 fn client_traceparent() -> String {
     format!("00-{CLIENT_TRACE}-{CLIENT_SPAN}-01")
@@ -243,6 +247,19 @@ async fn a_task_is_one_trace_from_call_to_completion(driver: Driver) {
     let mut c = server.client().await;
     c.initialize().await;
 
+    // Not sampled by the client: no spans, the context still goes on.
+    let unsampled = call_traced(
+        &mut c,
+        json!({ "traceparent": format!("00-{UNSAMPLED_TRACE}-{CLIENT_SPAN}-00") }),
+    )
+    .await;
+    let (unsampled_parent, _) = seen_by_tool(&mut c, &unsampled).await;
+    assert!(
+        unsampled_parent.starts_with(&format!("00-{UNSAMPLED_TRACE}-"))
+            && unsampled_parent.ends_with("-00"),
+        "{unsampled_parent}"
+    );
+
     let task_id = call_traced(
         &mut c,
         json!({ "traceparent": client_traceparent(), "tracestate": "client=7" }),
@@ -314,6 +331,13 @@ async fn a_task_is_one_trace_from_call_to_completion(driver: Driver) {
         *receiver.requests.lock().unwrap() >= 2,
         "both processes exported"
     );
+    // Exported after the unsampled task's steps, had there been any.
+    let unsampled_spans: Vec<_> = receiver
+        .spans()
+        .into_iter()
+        .filter(|s| s.trace_id == UNSAMPLED_TRACE)
+        .collect();
+    assert!(unsampled_spans.is_empty(), "{unsampled_spans:#?}");
 }
 both_drivers!(a_task_is_one_trace_from_call_to_completion; flavor = "multi_thread", worker_threads = 2);
 
@@ -528,3 +552,42 @@ async fn an_upstream_call_carries_the_context() {
         }
     }
 }
+
+/// Issue 27 item 5 with retention's archive: an archived task keeps its
+/// `traceparent`, and `v_tasks_archive` shows its trace id.
+async fn an_archived_task_keeps_its_trace_id(driver: Driver) {
+    let config = format!("[server]\narchive = true\n{CONFIG}");
+    let server = Server::start_with_config_on_env(driver, &config, &[], &[]);
+    let mut c = server.client().await;
+    c.initialize().await;
+    let answer = c
+        .ok(
+            "tools/call",
+            json!({
+                "name": "traced", "arguments": {}, "task": { "ttl": 1000 },
+                "_meta": { "traceparent": client_traceparent() },
+            }),
+        )
+        .await;
+    let task_id = answer["task"]["taskId"].as_str().unwrap().to_owned();
+    c.wait_terminal(&task_id, Duration::from_secs(30)).await;
+    // The broker's purge archives it once its ttl has passed.
+    let deadline = Instant::now() + Duration::from_secs(60);
+    loop {
+        let db = server.db_reader().await;
+        let trace_id: Option<String> = db
+            .scalar_optional(
+                "SELECT trace_id FROM v_tasks_archive WHERE task_id = $1",
+                &[Arg::Text(task_id.clone())],
+            )
+            .await;
+        db.close().await;
+        if let Some(trace_id) = trace_id {
+            assert_eq!(trace_id, CLIENT_TRACE);
+            break;
+        }
+        assert!(Instant::now() < deadline, "not archived within 60 s");
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+}
+both_drivers!(an_archived_task_keeps_its_trace_id);

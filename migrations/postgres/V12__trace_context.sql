@@ -22,3 +22,15 @@ BEFORE UPDATE OF seq, task_id, owner, tool, arguments, status, status_message, c
                  traceparent, tracestate ON tasks
 FOR EACH ROW WHEN (OLD.status IN ('completed', 'failed', 'cancelled'))
 EXECUTE FUNCTION tasks_guard_update();
+
+-- An archived task keeps its context, to find its trace.
+ALTER TABLE tasks_archive ADD COLUMN traceparent text;
+DROP VIEW v_tasks_archive;
+CREATE VIEW v_tasks_archive AS
+SELECT seq, task_id, owner, tool, status, status_message,
+       ms_to_iso(created_at) AS created,
+       ms_to_iso(updated_at) AS updated,
+       ms_to_iso(archived_at) AS archived,
+       ttl_ms, arguments, result_kind, tool_error, result, history,
+       substr(traceparent, 4, 32) AS trace_id
+  FROM tasks_archive;

@@ -23,3 +23,15 @@ WHEN OLD.status IN ('completed', 'failed', 'cancelled')
 BEGIN
     SELECT RAISE(ABORT, 'task is in a terminal status and cannot change (T-11)');
 END;
+
+-- An archived task keeps its context, to find its trace.
+ALTER TABLE tasks_archive ADD COLUMN traceparent TEXT;
+DROP VIEW v_tasks_archive;
+CREATE VIEW v_tasks_archive AS
+SELECT seq, task_id, owner, tool, status, status_message,
+       strftime('%Y-%m-%dT%H:%M:%fZ', created_at / 1000.0, 'unixepoch') AS created,
+       strftime('%Y-%m-%dT%H:%M:%fZ', updated_at / 1000.0, 'unixepoch') AS updated,
+       strftime('%Y-%m-%dT%H:%M:%fZ', archived_at / 1000.0, 'unixepoch') AS archived,
+       ttl_ms, arguments, result_kind, tool_error, result, history,
+       substr(traceparent, 4, 32) AS trace_id
+  FROM tasks_archive;

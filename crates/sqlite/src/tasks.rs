@@ -245,7 +245,8 @@ impl TaskStore for SqliteStore {
             sqlx::query!(
                 "INSERT INTO tasks_archive (seq, task_id, owner, tool, arguments, status,
                                             status_message, created_at, updated_at, ttl_ms,
-                                            result, result_kind, tool_error, history, archived_at)
+                                            result, result_kind, tool_error, history, archived_at,
+                                            traceparent)
                  SELECT t.seq, t.task_id, t.owner, t.tool, t.arguments, t.status,
                         t.status_message, t.created_at, t.updated_at, t.ttl_ms,
                         t.result, t.result_kind, t.tool_error,
@@ -254,7 +255,7 @@ impl TaskStore for SqliteStore {
                                                              'message', e.message,
                                                              'at', e.at) ORDER BY e.id)
                            FROM task_events e WHERE e.task_seq = t.seq),
-                        ?2
+                        ?2, t.traceparent
                    FROM tasks t WHERE t.seq IN (SELECT value FROM json_each(?1))",
                 archive,
                 now
