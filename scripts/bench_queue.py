@@ -90,14 +90,16 @@ class OtlpSink:
     def __init__(self) -> None:
         self.requests = 0
         self.bytes = 0
+        self.lock = threading.Lock()
         sink = self
 
         class Handler(BaseHTTPRequestHandler):
             def do_POST(self) -> None:  # noqa: N802 (http.server's name)
                 length = int(self.headers.get("content-length", 0))
                 self.rfile.read(length)
-                sink.requests += 1
-                sink.bytes += length
+                with sink.lock:
+                    sink.requests += 1
+                    sink.bytes += length
                 self.send_response(200)
                 self.send_header("content-type", "application/x-protobuf")
                 self.send_header("content-length", "0")
@@ -276,7 +278,8 @@ def report(rows: list[dict], args) -> str:
     commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True).stdout.strip()
     errors = sum(r["errors"] for r in rows)
     versus = args.versus or f"against `{args.base_rev}` (before {args.lacks})"
-    serve = (f"`serve` with no flag but `--db`, `--listen` and, for the head, `{args.head_args}`" if args.head_args
+    shown = args.head_args.replace("{sink}", "<the sink>")
+    serve = (f"`serve` with no flag but `--db`, `--listen` and, for the head, `{shown}`" if args.head_args
              else "`serve` with no flag but `--db` and `--listen`")
     exported = [r for r in rows if "otlp_requests" in r]
     sent = (f" The head's spans went out in {statistics.median(r['otlp_requests'] for r in exported):.0f} OTLP requests "

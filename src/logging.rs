@@ -14,8 +14,9 @@ use tracing_subscriber::EnvFilter;
 /// The filter when `RUST_LOG` is unset: the program's own events at info;
 /// sqlx's per-statement lines and refinery's per-migration lines (the
 /// broker logs one line of its own for a migration) only when they warn;
-/// the OpenTelemetry SDK's notes too (a failed export is a warning).
-pub const DEFAULT_FILTER: &str = "info,sqlx=warn,refinery_core=warn,opentelemetry=warn,opentelemetry_sdk=warn,opentelemetry_otlp=warn";
+/// the OpenTelemetry crates' notes too (`opentelemetry` covers the SDK's
+/// and the exporter's targets; a failed export is a warning).
+pub const DEFAULT_FILTER: &str = "info,sqlx=warn,refinery_core=warn,opentelemetry=warn";
 
 /// Install the global subscriber: `RUST_LOG` if set and valid, else
 /// `default_filter`; colours only when stderr is a terminal.

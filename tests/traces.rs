@@ -391,6 +391,18 @@ async fn a_client_context_is_carried_when_export_is_off(driver: Driver) {
         (header_parent.to_owned(), String::new())
     );
 
+    // A tracestate over 512 characters is dropped, its traceparent kept.
+    let long_state = format!("v={}", "x".repeat(600));
+    let oversized = call_traced(
+        &mut c,
+        json!({ "traceparent": client_traceparent(), "tracestate": long_state }),
+    )
+    .await;
+    assert_eq!(
+        seen_by_tool(&mut c, &oversized).await,
+        (client_traceparent(), String::new())
+    );
+
     // Invalid contexts are ignored, never refused; nothing inherited.
     for bad in [
         json!({ "traceparent": "00-00000000000000000000000000000000-b7ad6b7169203331-01" }),
@@ -413,65 +425,92 @@ async fn a_client_context_is_carried_when_export_is_off(driver: Driver) {
 both_drivers!(a_client_context_is_carried_when_export_is_off);
 
 /// Issue 27 item 5 for MCP 2026-07-28: the context in the call's `_meta`
-/// beside the envelope is stored with the task and reaches the tool.
+/// beside the envelope, else the `traceparent` header, is stored with a
+/// task and reaches its tool; a plain call (no tasks extension) passes it
+/// to its tool too.
 #[tokio::test]
 async fn a_2026_call_carries_its_context() {
     let server = Server::start_with_config_on_env(Driver::Sqlite, CONFIG, &[], &[]);
-    let body = json!({
-        "jsonrpc": "2.0", "id": 1, "method": "tools/call",
-        "params": {
-            "name": "traced", "arguments": {},
-            "_meta": {
-                "io.modelcontextprotocol/protocolVersion": "2026-07-28",
-                "io.modelcontextprotocol/clientCapabilities":
-                    { "extensions": { "io.modelcontextprotocol/tasks": {} } },
-                "traceparent": client_traceparent(),
-            },
-        },
-    });
-    let answer: Value = reqwest::Client::new()
-        .post(&server.url)
-        .header("content-type", "application/json")
-        .header("accept", "application/json, text/event-stream")
-        .header("mcp-protocol-version", "2026-07-28")
-        .header("mcp-method", "tools/call")
-        .header("mcp-name", "traced")
-        .body(body.to_string())
-        .send()
-        .await
-        .unwrap()
-        .json()
-        .await
-        .unwrap();
-    let task_id = answer["result"]["taskId"]
-        .as_str()
-        .unwrap_or_else(|| panic!("a task: {answer}"))
-        .to_owned();
-    assert_eq!(
-        stored(&server, &task_id).await,
-        (client_traceparent(), String::new())
-    );
-    // What the tool printed is the task's result on the row.
-    let deadline = Instant::now() + Duration::from_secs(30);
-    let result = loop {
-        let db = server.db_reader().await;
-        let result: Option<String> = db
-            .scalar_optional(
-                "SELECT result FROM tasks WHERE task_id = $1 AND status = 'completed'",
-                &[Arg::Text(task_id.clone())],
-            )
-            .await;
-        db.close().await;
-        if let Some(result) = result {
-            break result;
+    let http = reqwest::Client::new();
+    let post = |traceparent_meta: Option<String>, header: Option<&'static str>, task: bool| {
+        let capabilities = if task {
+            json!({ "extensions": { "io.modelcontextprotocol/tasks": {} } })
+        } else {
+            json!({})
+        };
+        let mut meta = json!({
+            "io.modelcontextprotocol/protocolVersion": "2026-07-28",
+            "io.modelcontextprotocol/clientCapabilities": capabilities,
+        });
+        if let Some(parent) = traceparent_meta {
+            meta["traceparent"] = json!(parent);
         }
-        assert!(Instant::now() < deadline, "task not completed");
-        tokio::time::sleep(Duration::from_millis(50)).await;
+        let body = json!({
+            "jsonrpc": "2.0", "id": 1, "method": "tools/call",
+            "params": { "name": "traced", "arguments": {}, "_meta": meta },
+        });
+        let mut request = http
+            .post(&server.url)
+            .header("content-type", "application/json")
+            .header("accept", "application/json, text/event-stream")
+            .header("mcp-protocol-version", "2026-07-28")
+            .header("mcp-method", "tools/call")
+            .header("mcp-name", "traced");
+        if let Some(parent) = header {
+            request = request.header("traceparent", parent);
+        }
+        async move {
+            let answer: Value = request
+                .body(body.to_string())
+                .send()
+                .await
+                .unwrap()
+                .json()
+                .await
+                .unwrap();
+            answer
+        }
     };
-    let result: Value = serde_json::from_str(&result).unwrap();
+    let header_parent = "00-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-01";
+    for (meta, header, want) in [
+        (Some(client_traceparent()), None, client_traceparent()),
+        (None, Some(header_parent), header_parent.to_owned()),
+    ] {
+        let answer = post(meta, header, true).await;
+        let task_id = answer["result"]["taskId"]
+            .as_str()
+            .unwrap_or_else(|| panic!("a task: {answer}"))
+            .to_owned();
+        assert_eq!(
+            stored(&server, &task_id).await,
+            (want.clone(), String::new())
+        );
+        // What the tool printed is the task's result on the row.
+        let deadline = Instant::now() + Duration::from_secs(30);
+        let result = loop {
+            let db = server.db_reader().await;
+            let result: Option<String> = db
+                .scalar_optional(
+                    "SELECT result FROM tasks WHERE task_id = $1 AND status = 'completed'",
+                    &[Arg::Text(task_id.clone())],
+                )
+                .await;
+            db.close().await;
+            if let Some(result) = result {
+                break result;
+            }
+            assert!(Instant::now() < deadline, "task not completed");
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        };
+        let result: Value = serde_json::from_str(&result).unwrap();
+        assert_eq!(result["content"][0]["text"], format!("{want}|"));
+    }
+    // A plain call: the tool runs in the request, under the client's context.
+    let answer = post(Some(client_traceparent()), None, false).await;
     assert_eq!(
-        result["content"][0]["text"],
-        format!("{}|", client_traceparent())
+        answer["result"]["content"][0]["text"],
+        format!("{}|", client_traceparent()),
+        "{answer}"
     );
 }
 
@@ -494,6 +533,26 @@ fn a_bad_endpoint_is_refused_at_start() {
         assert_eq!(out.status.code(), Some(1), "{command} {url}: {stderr}");
         assert!(stderr.contains(says), "{command} {url}: {stderr}");
         assert!(!dir.path().join("t.db").exists(), "nothing started");
+    }
+    // The standard variables are held to the same rule.
+    for (var, url) in [
+        ("OTEL_EXPORTER_OTLP_ENDPOINT", "https://collector:4318"),
+        (
+            "OTEL_EXPORTER_OTLP_TRACES_ENDPOINT",
+            "https://collector:4318/v1/traces",
+        ),
+    ] {
+        let out = Command::new(env!("CARGO_BIN_EXE_taskbroker"))
+            .args(["serve", "--db", &db])
+            .env(var, url)
+            .output()
+            .unwrap();
+        let stderr = String::from_utf8_lossy(&out.stderr);
+        assert_eq!(out.status.code(), Some(1), "{var}: {stderr}");
+        assert!(
+            stderr.contains(var) && stderr.contains("https is not built in"),
+            "{var}: {stderr}"
+        );
     }
 }
 

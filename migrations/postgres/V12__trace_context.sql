@@ -6,12 +6,16 @@
 --   as it came (params._meta or the HTTP header). NULL: no trace.
 -- * tracestate: the vendors' entries that came with it, if any.
 -- * Terminal tasks stay immutable in these columns too.
--- Nullable columns without a default: no table rewrite.
+-- Nullable columns without a default, and checks NOT VALID: no table
+-- rewrite and no scan under the lock (every existing row holds NULL, which
+-- passes; new and changed rows are checked).
 
-ALTER TABLE tasks ADD COLUMN traceparent text
-    CHECK (traceparent IS NULL OR length(traceparent) = 55);
-ALTER TABLE tasks ADD COLUMN tracestate text
-    CHECK (tracestate IS NULL OR length(tracestate) <= 512);
+ALTER TABLE tasks ADD COLUMN traceparent text, ADD COLUMN tracestate text;
+ALTER TABLE tasks
+    ADD CONSTRAINT tasks_traceparent_length
+        CHECK (traceparent IS NULL OR length(traceparent) = 55) NOT VALID,
+    ADD CONSTRAINT tasks_tracestate_length
+        CHECK (tracestate IS NULL OR length(tracestate) <= 512) NOT VALID;
 
 DROP TRIGGER tasks_terminal_immutable ON tasks;
 CREATE TRIGGER tasks_terminal_immutable

@@ -411,7 +411,7 @@ impl Broker {
             .err()
             .map(|reason| outcome_to_record(&ToolOutcome::tool_error(reason)));
         let task_id = uuid::Uuid::new_v4().to_string();
-        let creation = traces::Span::start(traces::SpanKind::Producer, call.context(), || {
+        let mut creation = traces::Span::start(traces::SpanKind::Producer, call.context(), || {
             (
                 "task create".into(),
                 vec![
@@ -444,7 +444,12 @@ impl Broker {
         });
         // The writer hands the job to this process's pool, or wakes it, and
         // kicks the feed.
-        let row = match self.writer.create(new, job, refused).await {
+        let created = self.writer.create(new, job, refused).await;
+        if let Err(e) = &created {
+            creation.fail(|| format!("not created: {e}"));
+        }
+        drop(creation);
+        let row = match created {
             Ok(row) => row,
             // Another request with the key created it first (here, or on
             // another broker): that task is the answer.

@@ -108,6 +108,7 @@ async fn tools_call(
     params: Option<&Value>,
 ) -> Reply {
     let meta = params.and_then(|p| p.get("_meta"));
+    let trace = crate::traces::TraceContext::of_request(meta, Some(headers));
     let params: CallToolParams = match parse_params("tools/call", params) {
         Ok(p) => p,
         Err(e) => return Reply::err(e),
@@ -125,7 +126,6 @@ async fn tools_call(
             Ok(key) => key,
             Err(e) => return Reply::err(e.to_rpc("create")),
         };
-        let trace = crate::traces::TraceContext::of_request(meta, Some(headers));
         return match broker
             .tools_call_task(
                 &crate::broker::Caller {
@@ -180,7 +180,7 @@ async fn tools_call(
             progress_token,
             sse,
             request_id: id.clone(),
-            trace: crate::traces::TraceContext::of_request(meta, Some(headers)),
+            trace,
         },
         tool,
         arguments,

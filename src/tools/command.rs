@@ -151,14 +151,14 @@ async fn run(name: &str, spec: &CommandSpec, arguments: Value, ctx: ToolContext)
     let mut command = tokio::process::Command::new(&spec.argv[0]);
     command
         .args(&spec.argv[1..])
+        // The run's trace context (W3C names, set below), never one the
+        // broker itself was started with.
+        .env_remove("TRACEPARENT")
+        .env_remove("TRACESTATE")
         .envs(&spec.env)
         .env("TASKBROKER_TASK_ID", ctx.task_id().unwrap_or(""))
         .env("TASKBROKER_ATTEMPT", ctx.attempt().to_string())
         .env("TASKBROKER_TOOL", name)
-        // The run's trace context (W3C names), never one the broker itself
-        // was started with.
-        .env_remove("TRACEPARENT")
-        .env_remove("TRACESTATE")
         .stdin(Stdio::piped())
         .stdout(Stdio::piped())
         .stderr(Stdio::piped())

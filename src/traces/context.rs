@@ -53,10 +53,15 @@ impl TraceContext {
         })
     }
 
-    /// The context stored on a task's row (None if it had none, or if the
-    /// stored text is not valid).
+    /// The context stored on a task's row, as stored: it was parsed when
+    /// the task was created, so it is not parsed again for every run
+    /// (spans parse it as their parent, and an invalid one, written by
+    /// hand, is then no parent).
     pub fn stored(traceparent: Option<&str>, tracestate: Option<&str>) -> Option<Self> {
-        Self::parse(traceparent?, tracestate)
+        Some(Self {
+            traceparent: traceparent?.to_owned(),
+            tracestate: tracestate.map(str::to_owned),
+        })
     }
 
     /// `traceparent` and `tracestate` as the W3C propagator reads them;

@@ -45,7 +45,7 @@ pub struct Exporting {
 }
 
 impl Exporting {
-    /// Where spans go (for the start-up log line).
+    /// Where spans go (the traces URL, for the start-up log line).
     pub fn endpoint(&self) -> &str {
         &self.endpoint
     }
@@ -61,28 +61,29 @@ impl Exporting {
 /// Start exporting if `settings` or the environment ask for it; None when
 /// traces are off. Call once, before the async runtime starts.
 pub fn start(settings: &Settings) -> anyhow::Result<Option<Exporting>> {
-    let set = |name: &str| std::env::var(name).is_ok_and(|v| !v.trim().is_empty());
-    if std::env::var("OTEL_SDK_DISABLED").is_ok_and(|v| v.trim().eq_ignore_ascii_case("true")) {
-        return Ok(None);
-    }
     let endpoint = match settings.endpoint.as_deref().map(str::trim) {
         Some("") => anyhow::bail!(
             "--otlp-endpoint is empty; give the collector's URL, such as http://127.0.0.1:4318"
         ),
-        Some(base) => Some(traces_url(base)?),
-        None if ENDPOINT_VARS.iter().any(|v| set(v)) => None,
-        None => return Ok(None),
+        Some(base) => Some(traces_url(base).map_err(|e| anyhow::anyhow!("--otlp-endpoint {e}"))?),
+        None => from_environment()?,
     };
-    let mut builder = SpanExporter::builder().with_http();
-    if let Some(url) = &endpoint {
-        builder = builder.with_endpoint(url.clone());
-    }
-    let exporter = builder.build().context("cannot set up the OTLP exporter")?;
+    let disabled =
+        std::env::var("OTEL_SDK_DISABLED").is_ok_and(|v| v.trim().eq_ignore_ascii_case("true"));
+    let Some(endpoint) = endpoint.filter(|_| !disabled) else {
+        return Ok(None);
+    };
+    let exporter = SpanExporter::builder()
+        .with_http()
+        .with_endpoint(endpoint.clone())
+        .build()
+        .context("cannot set up the OTLP exporter")?;
     let mut resource = Resource::builder().with_attributes([
         KeyValue::new("taskbroker.process", settings.process),
         KeyValue::new("process.pid", i64::from(std::process::id())),
     ]);
-    if !set("OTEL_SERVICE_NAME") {
+    // OTEL_SERVICE_NAME, when set, is read by the SDK's detectors.
+    if std::env::var("OTEL_SERVICE_NAME").map_or(true, |v| v.trim().is_empty()) {
         resource = resource.with_service_name("taskbroker");
     }
     let provider = SdkTracerProvider::builder()
@@ -93,13 +94,36 @@ pub fn start(settings: &Settings) -> anyhow::Result<Option<Exporting>> {
     if TRACER.set(tracer).is_err() {
         anyhow::bail!("traces are already exported by this process");
     }
-    let endpoint = endpoint.unwrap_or_else(|| {
-        ENDPOINT_VARS
-            .iter()
-            .find_map(|v| std::env::var(v).ok().filter(|s| !s.trim().is_empty()))
-            .unwrap_or_default()
-    });
     Ok(Some(Exporting { provider, endpoint }))
+}
+
+/// The traces URL the standard variables give, if any: the signal's own
+/// (`OTEL_EXPORTER_OTLP_TRACES_ENDPOINT`, as it is) or the base one
+/// (`OTEL_EXPORTER_OTLP_ENDPOINT`, plus `/v1/traces`); refused unless
+/// `http://`, as the flag is.
+fn from_environment() -> anyhow::Result<Option<String>> {
+    let var = |name: &str| {
+        std::env::var(name)
+            .ok()
+            .map(|v| v.trim().to_owned())
+            .filter(|v| !v.is_empty())
+    };
+    let (name, url) = if let Some(url) = var(ENDPOINT_VARS[0]) {
+        (ENDPOINT_VARS[0], url)
+    } else if let Some(base) = var(ENDPOINT_VARS[1]) {
+        (
+            ENDPOINT_VARS[1],
+            traces_url(&base).map_err(|e| anyhow::anyhow!("{}: {e}", ENDPOINT_VARS[1]))?,
+        )
+    } else {
+        return Ok(None);
+    };
+    if !url.starts_with("http://") || url.len() <= "http://".len() {
+        anyhow::bail!(
+            "{name}={url}: give an http:// URL of an OTLP/HTTP collector; https is not built in"
+        );
+    }
+    Ok(Some(url))
 }
 
 /// `<base>/v1/traces` for a collector's base URL; refused unless it is an
@@ -108,11 +132,11 @@ pub fn start(settings: &Settings) -> anyhow::Result<Option<Exporting>> {
 fn traces_url(base: &str) -> anyhow::Result<String> {
     let Some(rest) = base.strip_prefix("http://") else {
         anyhow::bail!(
-            "--otlp-endpoint {base}: give an http:// URL of an OTLP/HTTP collector (such as http://127.0.0.1:4318); https is not built in"
+            "{base}: give an http:// URL of an OTLP/HTTP collector (such as http://127.0.0.1:4318); https is not built in"
         );
     };
     if rest.is_empty() || rest.starts_with('/') {
-        anyhow::bail!("--otlp-endpoint {base}: the URL names no host");
+        anyhow::bail!("{base}: the URL names no host");
     }
     Ok(format!("{}/v1/traces", base.trim_end_matches('/')))
 }

@@ -664,11 +664,7 @@ impl Session {
             "taskbroker-{}",
             self.inner.next_token.fetch_add(1, Ordering::Relaxed)
         ));
-        if let Some(meta) = params
-            .as_object_mut()
-            .map(|p| p.entry("_meta").or_insert_with(|| json!({})))
-            .and_then(Value::as_object_mut)
-        {
+        if let Some(meta) = meta_of(&mut params) {
             meta.insert("progressToken".into(), token.clone());
         }
         let route = Route {
@@ -1128,14 +1124,21 @@ fn without_related_task(mut params: Value) -> Value {
 /// `params` with `trace` in their `_meta` (nothing added without one).
 pub(super) fn traced(mut params: Value, trace: Option<&TraceContext>) -> Value {
     if let Some(trace) = trace
-        && let Some(meta) = params
-            .as_object_mut()
-            .map(|p| p.entry("_meta").or_insert_with(|| json!({})))
-            .and_then(Value::as_object_mut)
+        && let Some(meta) = meta_of(&mut params)
     {
         trace.insert_into(meta);
     }
     params
+}
+
+/// The `_meta` object of request `params`, made if missing (None if the
+/// params or their `_meta` are not objects).
+fn meta_of(params: &mut Value) -> Option<&mut serde_json::Map<String, Value>> {
+    params
+        .as_object_mut()?
+        .entry("_meta")
+        .or_insert_with(|| json!({}))
+        .as_object_mut()
 }
 
 #[cfg(test)]

@@ -71,6 +71,10 @@ pub(crate) fn start(
     let mut command = tokio::process::Command::new(program);
     command
         .args(&spec.argv[1..])
+        // A long-lived server gets each call's context in its _meta, never
+        // one the broker was started with.
+        .env_remove("TRACEPARENT")
+        .env_remove("TRACESTATE")
         .envs(&spec.env)
         .stdin(Stdio::piped())
         .stdout(Stdio::piped())

@@ -355,15 +355,7 @@ impl WorkerPool {
     fn attempt_span(&self, job: &ClaimedJob) -> traces::Span {
         let parent = job_trace(job);
         traces::Span::start(SpanKind::Consumer, parent.as_ref(), || {
-            (
-                "task attempt".into(),
-                vec![
-                    KeyValue::new(key::TASK_ID, job.task_id.clone()),
-                    KeyValue::new(key::TOOL, job.tool.clone()),
-                    KeyValue::new(key::ATTEMPT, job.attempt),
-                    KeyValue::new(key::WORKER, self.worker_id.clone()),
-                ],
-            )
+            ("task attempt".into(), run_attributes(job, &self.worker_id))
         })
     }
 
@@ -422,12 +414,23 @@ impl WorkerPool {
                 }
             }
         }
+        span.fail(|| "outcome not recorded: its lease will expire and the task run again".into());
     }
 }
 
 /// The trace context stored with a claimed job's task, if any.
 pub(super) fn job_trace(job: &ClaimedJob) -> Option<TraceContext> {
     TraceContext::stored(job.traceparent.as_deref(), job.tracestate.as_deref())
+}
+
+/// The attributes of a run's spans (its claim, its attempt).
+pub(super) fn run_attributes(job: &ClaimedJob, worker_id: &str) -> Vec<KeyValue> {
+    vec![
+        KeyValue::new(key::TASK_ID, job.task_id.clone()),
+        KeyValue::new(key::TOOL, job.tool.clone()),
+        KeyValue::new(key::ATTEMPT, job.attempt),
+        KeyValue::new(key::WORKER, worker_id.to_owned()),
+    ]
 }
 
 /// A progress report's status text: its message, else `progress/total`.

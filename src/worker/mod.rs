@@ -312,18 +312,13 @@ impl WorkerPool {
     /// the task's stored context. (A job handed to this pool in its
     /// creation's transaction has none: its claim is the creation.)
     fn trace_claims(&self, jobs: &[ClaimedJob], began: std::time::SystemTime) {
-        use crate::traces::{KeyValue, Span, SpanKind, key};
+        use crate::traces::{Span, SpanKind};
         for job in jobs {
             let parent = job::job_trace(job);
             let _claim = Span::start_at(SpanKind::Consumer, parent.as_ref(), Some(began), || {
                 (
                     "task claim".into(),
-                    vec![
-                        KeyValue::new(key::TASK_ID, job.task_id.clone()),
-                        KeyValue::new(key::TOOL, job.tool.clone()),
-                        KeyValue::new(key::ATTEMPT, job.attempt),
-                        KeyValue::new(key::WORKER, self.worker_id.clone()),
-                    ],
+                    job::run_attributes(job, &self.worker_id),
                 )
             });
         }
