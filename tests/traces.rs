@@ -213,6 +213,24 @@ async fn stored(server: &Server, task_id: &str) -> (String, String) {
     (parent, state)
 }
 
+/// The text `sql` (one row, one column, `$1` the task id) reads once it
+/// finds a row, within 60 s.
+async fn row_value(server: &Server, sql: &str, task_id: &str) -> String {
+    let deadline = Instant::now() + Duration::from_secs(60);
+    loop {
+        let db = server.db_reader().await;
+        let found: Option<String> = db
+            .scalar_optional(sql, &[Arg::Text(task_id.to_owned())])
+            .await;
+        db.close().await;
+        if let Some(value) = found {
+            return value;
+        }
+        assert!(Instant::now() < deadline, "no row within 60 s: {sql}");
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+}
+
 /// Wait for a process to exit (after SIGTERM).
 fn wait_exit(worker: &mut WorkerProc) {
     let deadline = Instant::now() + Duration::from_secs(20);
@@ -486,22 +504,12 @@ async fn a_2026_call_carries_its_context() {
             (want.clone(), String::new())
         );
         // What the tool printed is the task's result on the row.
-        let deadline = Instant::now() + Duration::from_secs(30);
-        let result = loop {
-            let db = server.db_reader().await;
-            let result: Option<String> = db
-                .scalar_optional(
-                    "SELECT result FROM tasks WHERE task_id = $1 AND status = 'completed'",
-                    &[Arg::Text(task_id.clone())],
-                )
-                .await;
-            db.close().await;
-            if let Some(result) = result {
-                break result;
-            }
-            assert!(Instant::now() < deadline, "task not completed");
-            tokio::time::sleep(Duration::from_millis(50)).await;
-        };
+        let result = row_value(
+            &server,
+            "SELECT result FROM tasks WHERE task_id = $1 AND status = 'completed'",
+            &task_id,
+        )
+        .await;
         let result: Value = serde_json::from_str(&result).unwrap();
         assert_eq!(result["content"][0]["text"], format!("{want}|"));
     }
@@ -631,22 +639,12 @@ async fn an_archived_task_keeps_its_trace_id(driver: Driver) {
     let task_id = answer["task"]["taskId"].as_str().unwrap().to_owned();
     c.wait_terminal(&task_id, Duration::from_secs(30)).await;
     // The broker's purge archives it once its ttl has passed.
-    let deadline = Instant::now() + Duration::from_secs(60);
-    loop {
-        let db = server.db_reader().await;
-        let trace_id: Option<String> = db
-            .scalar_optional(
-                "SELECT trace_id FROM v_tasks_archive WHERE task_id = $1",
-                &[Arg::Text(task_id.clone())],
-            )
-            .await;
-        db.close().await;
-        if let Some(trace_id) = trace_id {
-            assert_eq!(trace_id, CLIENT_TRACE);
-            break;
-        }
-        assert!(Instant::now() < deadline, "not archived within 60 s");
-        tokio::time::sleep(Duration::from_millis(200)).await;
-    }
+    let trace_id = row_value(
+        &server,
+        "SELECT trace_id FROM v_tasks_archive WHERE task_id = $1",
+        &task_id,
+    )
+    .await;
+    assert_eq!(trace_id, CLIENT_TRACE);
 }
 both_drivers!(an_archived_task_keeps_its_trace_id);
