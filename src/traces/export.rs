@@ -26,6 +26,9 @@ const ENDPOINT_VARS: [&str; 2] = [
     "OTEL_EXPORTER_OTLP_ENDPOINT",
 ];
 
+/// How long exit waits for the last batch to go out.
+const FLUSH_AT_EXIT: std::time::Duration = std::time::Duration::from_secs(5);
+
 /// Where and as what this process exports.
 #[derive(Debug, Clone)]
 pub struct Settings {
@@ -50,9 +53,9 @@ impl Exporting {
         &self.endpoint
     }
 
-    /// Send what is batched and stop (blocks up to the export timeout).
+    /// Send what is batched and stop (blocks up to [`FLUSH_AT_EXIT`]).
     pub fn shutdown(self) {
-        if let Err(e) = self.provider.shutdown() {
+        if let Err(e) = self.provider.shutdown_with_timeout(FLUSH_AT_EXIT) {
             tracing::warn!(error = %e, "flushing the last spans failed");
         }
     }
