@@ -19,13 +19,13 @@ use opentelemetry_sdk::propagation::TraceContextPropagator;
 use serde_json::{Map, Value};
 
 /// The `_meta` key and header of the parent span.
-pub const TRACEPARENT: &str = "traceparent";
+const TRACEPARENT: &str = "traceparent";
 /// The `_meta` key and header of the vendors' entries.
-pub const TRACESTATE: &str = "tracestate";
+const TRACESTATE: &str = "tracestate";
 /// The longest `tracestate` stored and passed on: W3C asks every hop to
 /// pass at least 512 characters; a longer one is dropped (its
 /// `traceparent` still counts).
-pub const TRACESTATE_MAX: usize = 512;
+const TRACESTATE_MAX: usize = 512;
 
 /// A valid W3C trace context, as its two header values.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -106,11 +106,6 @@ impl TraceContext {
         TraceContextPropagator::new().extract(&carrier)
     }
 
-    /// The trace id (32 hex digits), for logs.
-    pub fn trace_id(&self) -> &str {
-        self.traceparent.get(3..35).unwrap_or("")
-    }
-
     /// Write the context into a request's `_meta` (SEP-414), as the broker
     /// calls an upstream server.
     pub fn insert_into(&self, meta: &mut Map<String, Value>) {
@@ -142,7 +137,6 @@ mod tests {
         let cx = TraceContext::of_request(Some(&meta), Some(&headers)).unwrap();
         assert_eq!(cx.traceparent, PARENT);
         assert_eq!(cx.tracestate.as_deref(), Some("vendor=abc"));
-        assert_eq!(cx.trace_id(), "0af7651916cd43dd8448eb211c80319c");
 
         // An invalid _meta value falls back to the header.
         let bad = json!({ "traceparent": "00-zz-b7ad6b7169203331-01" });

@@ -21,7 +21,7 @@ use std::time::SystemTime;
 use opentelemetry::trace::{Span as _, Status, Tracer as _};
 use opentelemetry_sdk::trace::{SdkTracer, Span as SdkSpan};
 
-pub use context::{TRACEPARENT, TRACESTATE, TraceContext};
+pub use context::TraceContext;
 pub use opentelemetry::KeyValue;
 pub use opentelemetry::trace::SpanKind;
 
@@ -58,7 +58,7 @@ pub mod key {
 pub type Described = (Cow<'static, str>, Vec<KeyValue>);
 
 /// One span of a task's life; empty when traces are off. Ends when
-/// dropped (or at [`Span::end_at`]).
+/// dropped.
 #[derive(Debug)]
 pub struct Span {
     inner: Option<SdkSpan>,
@@ -125,13 +125,6 @@ impl Span {
     pub fn fail(&mut self, message: impl FnOnce() -> String) {
         if let Some(span) = &mut self.inner {
             span.set_status(Status::error(message()));
-        }
-    }
-
-    /// End it at `at` rather than now.
-    pub fn end_at(mut self, at: SystemTime) {
-        if let Some(mut span) = self.inner.take() {
-            span.end_with_timestamp(at);
         }
     }
 }
