@@ -81,6 +81,12 @@ impl PoolRecords {
         self.0.worker_set_state(id, state, now).await
     }
 
+    /// Whether a claim that finds nothing costs no more than this look
+    /// (see `Storage::empty_claim_is_cheap`).
+    pub fn empty_claim_is_cheap(&self) -> bool {
+        self.0.empty_claim_is_cheap()
+    }
+
     /// Whether any job could be claimed now.
     pub async fn job_any_runnable(&self, now: i64) -> Result<bool, StoreError> {
         self.0.job_any_runnable(now).await

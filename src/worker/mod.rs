@@ -267,14 +267,15 @@ impl WorkerPool {
     }
 
     /// Claim what `reserved` has room for. Unless jobs are `likely` there,
-    /// a cheap read (no write lock) looks first.
+    /// a cheap read (no write lock) looks first, where a claim that finds
+    /// nothing costs more than that read.
     async fn claim(
         &self,
         reserved: &crate::broker::slots::Reservation,
         likely: bool,
     ) -> Vec<ClaimedJob> {
         let now = now_ms();
-        if !likely {
+        if !likely && !self.store.empty_claim_is_cheap() {
             match self.store.job_any_runnable(now).await {
                 Ok(false) => return Vec::new(),
                 Ok(true) => {}

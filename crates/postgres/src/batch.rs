@@ -17,6 +17,51 @@ use taskbroker_storage::{
 
 use crate::{PostgresStore, TOOL_LOCK_CLASS, lock_feed};
 
+impl PostgresStore {
+    /// A batch that is one claim of tools without a global limit, run as
+    /// one statement committed on its own: one round trip instead of three
+    /// (`BEGIN`, the claim, `COMMIT`). The statement is atomic by itself;
+    /// only a global limit needs a transaction (its tool lock is held until
+    /// the claim commits). None: not such a batch.
+    pub(crate) async fn claim_alone(
+        &self,
+        writes: &[Write],
+        now: i64,
+    ) -> Option<Result<Vec<ClaimedJob>, StoreError>> {
+        let [
+            Write::Claim {
+                worker,
+                lease_token,
+                quotas,
+                limit,
+                lease_ms,
+            },
+        ] = writes
+        else {
+            return None;
+        };
+        if quotas.iter().any(|q| q.free > 0 && q.global.is_some()) {
+            return None;
+        }
+        Some(
+            async {
+                let mut conn = self.pool.acquire().await?;
+                <Self as GroupCommit>::claim(
+                    &mut conn,
+                    worker,
+                    lease_token,
+                    quotas,
+                    *limit,
+                    *lease_ms,
+                    now,
+                )
+                .await
+            }
+            .await,
+        )
+    }
+}
+
 #[async_trait]
 impl GroupCommit for PostgresStore {
     type Database = Postgres;

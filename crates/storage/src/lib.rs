@@ -514,6 +514,13 @@ pub trait Storage:
     fn driver(&self) -> Driver;
     /// The database, for logs and messages (never a password).
     fn describe(&self) -> String;
+    /// Whether a claim that finds no job costs no more than a look at
+    /// whether any is runnable (one statement, no write lock): then a
+    /// claimer woken by another process's commit claims at once instead of
+    /// looking first.
+    fn empty_claim_is_cheap(&self) -> bool {
+        false
+    }
     /// Run `writes` in one transaction (one fsync). Outer error: nothing
     /// committed. Inner errors: that write alone was refused and rolled
     /// back; the others committed.
