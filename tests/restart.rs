@@ -148,3 +148,49 @@ async fn a_task_whose_worker_dies_on_every_attempt_fails_with_the_reason(driver:
 }
 
 both_drivers!(a_task_whose_worker_dies_on_every_attempt_fails_with_the_reason);
+
+/// PostgreSQL ends every connection of a running broker
+/// (`pg_terminate_backend`: what a server restart or a failover does to
+/// them). After a pause the broker serves the next requests without an
+/// error: its pool checks a connection that sat idle before handing it out
+/// and replaces a dead one, and its change feed listens again.
+#[tokio::test]
+async fn postgres_ending_the_brokers_connections_fails_no_later_request() {
+    if !common::pg::available() {
+        return;
+    }
+    let server = Server::start_on(Driver::Postgres, &[]);
+    let mut c = server.client().await;
+    for _ in 0..5 {
+        sleep_zero(&mut c).await;
+    }
+    let ended: i64 = server
+        .pg()
+        .unwrap()
+        .psql(
+            "SELECT count(pg_terminate_backend(pid)) FROM pg_stat_activity \
+             WHERE datname = current_database() AND pid <> pg_backend_pid()",
+        )
+        .unwrap()
+        .trim()
+        .parse()
+        .unwrap();
+    assert!(ended >= 2, "the broker's pool and its listener: {ended}");
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    for _ in 0..20 {
+        sleep_zero(&mut c).await;
+    }
+    server
+        .wait_for_log("change feed: listener", Duration::from_secs(10))
+        .await;
+}
+
+/// One `sleep` task of 0 s, through to its result.
+async fn sleep_zero(c: &mut common::Client) {
+    let task_id = c.call_task("sleep", json!({"seconds": 0})).await["taskId"]
+        .as_str()
+        .unwrap()
+        .to_owned();
+    let result = c.ok("tasks/result", json!({"taskId": task_id})).await;
+    assert_eq!(result["content"][0]["text"], "slept 0 s", "{result}");
+}

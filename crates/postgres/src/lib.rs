@@ -69,6 +69,13 @@ const MAX_CONNECTIONS: u32 = 16;
 /// How long a statement waits for a free connection of the pool.
 const ACQUIRE_TIMEOUT: Duration = Duration::from_secs(30);
 
+/// A pooled connection idle for at least this long is checked (one round
+/// trip) before it is handed out. Under load connections come back within
+/// milliseconds and a statement costs one round trip, not two; after any
+/// pause (and a server restart or failover is one) every connection is
+/// checked, and a dead one replaced, before a request meets it.
+const CHECK_IDLE_AFTER: Duration = Duration::from_millis(100);
+
 /// Handle on one broker database: a pool of connections.
 #[derive(Clone)]
 pub struct PostgresStore {
@@ -216,6 +223,15 @@ impl PostgresStore {
         let pool = PgPoolOptions::new()
             .max_connections(MAX_CONNECTIONS)
             .acquire_timeout(ACQUIRE_TIMEOUT)
+            .test_before_acquire(false)
+            .before_acquire(|conn, meta| {
+                Box::pin(async move {
+                    if meta.idle_for >= CHECK_IDLE_AFTER {
+                        conn.ping().await?;
+                    }
+                    Ok(true)
+                })
+            })
             .after_connect(move |conn, _meta| {
                 Box::pin(async move {
                     if relaxed {
