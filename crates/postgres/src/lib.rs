@@ -15,7 +15,8 @@
 //! - **Claims skip, never wait.** The claim locks its candidate jobs with
 //!   `FOR UPDATE SKIP LOCKED`: claimers on many machines take disjoint jobs
 //!   without queueing behind one another. Claims, heartbeats and the close
-//!   of a cancelled job touch `jobs` only and take no feed lock.
+//!   of a cancelled job touch `jobs` only and take no feed lock; a claim
+//!   alone in its batch is one statement committed on its own.
 //! - **Global tool limits.** A claim that counts a tool's running jobs for
 //!   its limit across processes first takes that tool's advisory lock
 //!   (class [`TOOL_LOCK_CLASS`]), so two claimers never both see the same
