@@ -159,7 +159,7 @@ impl Writer {
                     }
                 };
                 metrics.commit_done(committing.elapsed());
-                count_batch(&store, &done, now);
+                count_batch(&done, now);
                 // The hand-off claim, if any, is the last write.
                 let claimed = match handed {
                     Some(_) if done.len() == writes.len() => done.pop(),
@@ -361,48 +361,21 @@ async fn deliver(
 }
 
 /// Count what a group commit did: tasks created (and those finished at
-/// once), and how long each claimed job had waited in the queue. Jobs
-/// created in this very commit waited no time; the others' `run_after` is
-/// read from the database off the writer's path.
-fn count_batch(store: &Store, done: &[Result<Written, StoreError>], now: i64) {
+/// once), and how long each claimed job had waited in the queue (since it
+/// became runnable: the claim returns when that was).
+fn count_batch(done: &[Result<Written, StoreError>], now: i64) {
     let metrics = crate::metrics::get();
-    let mut created = std::collections::HashMap::new();
     for row in done.iter().filter_map(|d| match d {
         Ok(Written::Created(row)) => Some(row),
         _ => None,
     }) {
         let status = row.status.is_terminal().then(|| row.status.to_string());
         metrics.task_created(&row.tool, status.as_deref());
-        created.insert(row.task_id.as_str(), row.created_at);
     }
-    let mut earlier = Vec::new();
     for job in done.iter().flat_map(|d| match d {
         Ok(Written::Claimed(jobs)) => jobs.as_slice(),
         _ => &[],
     }) {
-        match created.get(job.task_id.as_str()) {
-            Some(at) => metrics.job_claimed(&job.tool, now - at),
-            None => earlier.push((job.task_seq, job.tool.clone())),
-        }
+        metrics.job_claimed(&job.tool, now - job.runnable_since);
     }
-    if earlier.is_empty() {
-        return;
-    }
-    let store = store.clone();
-    tokio::spawn(async move {
-        let seqs: Vec<i64> = earlier.iter().map(|(seq, _)| *seq).collect();
-        match store.metrics_jobs_runnable_since(&seqs).await {
-            Ok(found) => {
-                let since: std::collections::HashMap<i64, i64> = found.into_iter().collect();
-                for (seq, tool) in earlier {
-                    if let Some(at) = since.get(&seq) {
-                        crate::metrics::get().job_claimed(&tool, now - at);
-                    }
-                }
-            }
-            Err(e) => {
-                tracing::debug!(error = %e, "metrics: reading claimed jobs' queue times failed")
-            }
-        }
-    });
 }

@@ -316,3 +316,44 @@ async fn trace_context_comes_back_with_the_claim(db: TestDb) {
     assert_eq!(got["untraced"], (None, None));
 }
 store_test!(trace_context_comes_back_with_the_claim);
+
+/// Issue 26: a claim says when each job became runnable (for the time it
+/// waited, with no read of its own): a new job at its creation, a delayed
+/// one at its start, a job given back at its release.
+async fn a_claim_says_when_each_job_became_runnable(db: TestDb) {
+    db.store
+        .task_create(&new_task("now", "alice"), Some(JOB), None, T0)
+        .await
+        .unwrap();
+    let delayed = NewJob {
+        run_after: Some(T0 + 500),
+        ..JOB
+    };
+    db.store
+        .task_create(&new_task("later", "alice"), Some(delayed), None, T0)
+        .await
+        .unwrap();
+    let first = claim_one(&db.store, "w1", "lease-1", T0 + 10).await;
+    assert_eq!((first.task_id.as_str(), first.runnable_since), ("now", T0));
+    assert!(
+        db.store
+            .job_release(first.task_seq, "lease-1", T0 + 200)
+            .await
+            .unwrap()
+    );
+    let claimed = db
+        .store
+        .job_claim_available("w2", "lease-2", &echo(10), 10, LEASE_MS, T0 + 600)
+        .await
+        .unwrap();
+    let mut since: Vec<_> = claimed
+        .into_iter()
+        .map(|j| (j.task_id, j.runnable_since))
+        .collect();
+    since.sort();
+    assert_eq!(
+        since,
+        [("later".to_owned(), T0 + 500), ("now".to_owned(), T0 + 200)]
+    );
+}
+store_test!(a_claim_says_when_each_job_became_runnable);

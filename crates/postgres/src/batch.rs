@@ -297,7 +297,7 @@ impl GroupCommit for PostgresStore {
                      jobs.attempt AS "attempt!", jobs.max_attempts AS "max_attempts!",
                      jobs.priority AS "priority!", jobs.lease_token AS "lease_token!",
                      jobs.checkpoint AS "checkpoint?", t.traceparent AS "traceparent?",
-                     t.tracestate AS "tracestate?""#,
+                     t.tracestate AS "tracestate?", jobs.run_after AS "runnable_since!""#,
             worker,
             lease_token,
             lease_expires_at,

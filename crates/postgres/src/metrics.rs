@@ -76,24 +76,4 @@ impl MetricsStore for PostgresStore {
             known: crate::migrate::known_version(),
         })
     }
-
-    async fn metrics_jobs_runnable_since(
-        &self,
-        task_seqs: &[i64],
-    ) -> Result<Vec<(i64, i64)>, StoreError> {
-        if task_seqs.is_empty() {
-            return Ok(Vec::new());
-        }
-        let rows = sqlx::query!(
-            r#"SELECT j.task_seq AS "task_seq!", j.run_after AS "run_after!"
-                 FROM jobs AS j WHERE j.task_seq = ANY($1)"#,
-            task_seqs
-        )
-        .fetch_all(&self.pool)
-        .await?;
-        Ok(rows
-            .into_iter()
-            .map(|r| (r.task_seq, r.run_after))
-            .collect())
-    }
 }

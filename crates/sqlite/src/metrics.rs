@@ -80,25 +80,4 @@ impl MetricsStore for SqliteStore {
             known: crate::migrate::known_version(),
         })
     }
-
-    async fn metrics_jobs_runnable_since(
-        &self,
-        task_seqs: &[i64],
-    ) -> Result<Vec<(i64, i64)>, StoreError> {
-        if task_seqs.is_empty() {
-            return Ok(Vec::new());
-        }
-        let seqs = serde_json::Value::from(task_seqs.to_vec()).to_string();
-        let rows = sqlx::query!(
-            r#"SELECT j.task_seq AS "task_seq!: i64", j.run_after AS "run_after!: i64"
-                 FROM jobs j WHERE j.task_seq IN (SELECT value FROM json_each(?))"#,
-            seqs
-        )
-        .fetch_all(&self.read)
-        .await?;
-        Ok(rows
-            .into_iter()
-            .map(|r| (r.task_seq, r.run_after))
-            .collect())
-    }
 }

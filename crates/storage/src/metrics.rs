@@ -53,10 +53,4 @@ pub trait MetricsStore {
     async fn metrics_database_size(&self) -> Result<i64, StoreError>;
     /// The applied and the embedded schema versions.
     async fn metrics_schema_versions(&self) -> Result<SchemaVersions, StoreError>;
-    /// When each of these jobs last became runnable (ms; `run_after`), for
-    /// the time they waited in the queue: `(task_seq, run_after)`.
-    async fn metrics_jobs_runnable_since(
-        &self,
-        task_seqs: &[i64],
-    ) -> Result<Vec<(i64, i64)>, StoreError>;
 }

@@ -289,6 +289,9 @@ pub struct ClaimedJob {
     pub traceparent: Option<String>,
     /// Its `tracestate`, if any.
     pub tracestate: Option<String>,
+    /// When the job last became runnable (ms; `run_after`: its creation,
+    /// its delayed start, or its requeue), for the time it waited.
+    pub runnable_since: i64,
 }
 
 /// How many jobs of one tool a claim may take.
