@@ -577,6 +577,79 @@ async fn worker_processes_read_the_feed_per_second_not_per_commit(driver: Driver
 }
 both_drivers!(worker_processes_read_the_feed_per_second_not_per_commit);
 
+/// Issue 26: progress that a worker process reports reaches the client
+/// through the broker (a task of `sleep` 2 s streams progress 1 then 2 on
+/// its tasks/result, before the result), and a PostgreSQL broker reads
+/// `task_progress` only after a commit that added progress (its
+/// notification says so), not after every status change the worker
+/// processes commit: over 200 `sleep 0` tasks it reads progress at most 5
+/// times (counted in its sqlx statement log). SQLite reads it at each
+/// wake-up, as before.
+async fn progress_of_a_worker_process_reaches_the_client_and_is_read_only_when_written(
+    driver: Driver,
+) {
+    let server = Server::start_with_config_on_env(
+        driver,
+        "",
+        &["--workers", "0"],
+        &[("RUST_LOG", "info,sqlx::query=debug")],
+    );
+    let _workers: Vec<WorkerProc> = (0..2)
+        .map(|n| WorkerProc::start(&server, n, &["--concurrency", "8"]))
+        .collect();
+    let progress_reads = |log: &str| {
+        log.lines()
+            .filter(|l| l.contains("sqlx::query") && l.contains("FROM task_progress"))
+            .count()
+    };
+    let before = progress_reads(&server.log());
+    let clients = (0..8).map(|_| {
+        let server = &server;
+        async move {
+            let mut c = server.client().await;
+            for _ in 0..25 {
+                let task_id = id(&c.call_task("sleep", json!({"seconds": 0})).await);
+                let result = c.ok("tasks/result", json!({"taskId": task_id})).await;
+                assert_eq!(result["content"][0]["text"], "slept 0 s", "{result}");
+            }
+        }
+    });
+    futures_util::future::join_all(clients).await;
+    let reads = progress_reads(&server.log()) - before;
+    eprintln!("{driver:?}: 200 tasks without progress; the broker read progress {reads} times");
+    if driver == Driver::Postgres {
+        assert!(
+            reads <= 5,
+            "progress read {reads} times for 200 tasks that reported none"
+        );
+    }
+
+    let mut c = server.client().await;
+    let task = c
+        .ok(
+            "tools/call",
+            json!({"name": "sleep", "arguments": {"seconds": 2}, "task": {},
+                   "_meta": {"progressToken": "w-1"}}),
+        )
+        .await;
+    let task_id = id(&task["task"]);
+    let messages = c
+        .request_messages("tasks/result", json!({"taskId": task_id}))
+        .await;
+    let progress: Vec<f64> = messages
+        .iter()
+        .filter(|m| m["method"] == "notifications/progress")
+        .map(|m| {
+            assert_eq!(m["params"]["progressToken"], "w-1", "{m}");
+            m["params"]["progress"].as_f64().unwrap()
+        })
+        .collect();
+    assert_eq!(progress, [1.0, 2.0], "{messages:?}");
+    let last = messages.last().unwrap();
+    assert_eq!(last["result"]["content"][0]["text"], "slept 2 s", "{last}");
+}
+both_drivers!(progress_of_a_worker_process_reaches_the_client_and_is_read_only_when_written);
+
 /// Issue 23: brokers, workers and `taskbroker migrate` started at once on a
 /// new database all come up: the loser of a migration race retries until
 /// the winner is done, and a worker that finds no schema yet (or one being

@@ -17,7 +17,7 @@
 //! job became claimable ([`Feed::queued`]).
 
 use std::collections::HashMap;
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, OnceLock};
 use std::time::Duration;
 
@@ -69,6 +69,9 @@ pub struct Feed {
     watchers: Arc<Mutex<TaskWatchers>>,
     next_watch: Arc<AtomicU64>,
     kick: Arc<Notify>,
+    /// A kick came after a commit that may have written progress: the
+    /// tailer reads progress whatever the store says.
+    progress_kicked: Arc<AtomicBool>,
     /// Told after this process commits, to tell the other processes.
     store: Arc<OnceLock<Store>>,
     /// What wakes the tailer (set when it starts).
@@ -87,6 +90,7 @@ impl Feed {
             watchers: Arc::default(),
             next_watch: Arc::default(),
             kick: Arc::new(Notify::new()),
+            progress_kicked: Arc::default(),
             store: Arc::new(OnceLock::new()),
             interest: Arc::new(OnceLock::new()),
             queued: watch::Sender::new(0),
@@ -137,10 +141,17 @@ impl Feed {
         self.queued.subscribe()
     }
 
-    /// Tell the tailer this process just committed a change (a server's
-    /// tailer reads it at once for its waiters), and the processes that
-    /// follow every change.
+    /// Tell the tailer this process just committed a change, progress
+    /// maybe (a server's tailer reads it at once for its waiters), and the
+    /// processes that follow every change.
     pub fn kick(&self) {
+        self.progress_kicked.store(true, Ordering::Release);
+        self.kick_statuses();
+    }
+
+    /// [`Feed::kick`] after a commit that wrote no progress (statuses,
+    /// jobs): the tailer reads progress only if the store says some came.
+    pub fn kick_statuses(&self) {
         if self.interest.get() != Some(&FeedInterest::Control) {
             self.kick.notify_one();
         }
@@ -246,12 +257,17 @@ impl Feed {
                         continue;
                     }
                 }
-                behind = false;
+                let reread = std::mem::take(&mut behind);
                 // Progress first: what a task reported before it ended is
                 // delivered before its end. A control feed reads no
                 // progress, and of the status changes only the cancels and
                 // answers its running jobs wait on.
-                if !control_only {
+                // Each of the three is asked (each counts as a read).
+                let progress = !control_only
+                    && (feed.progress_kicked.swap(false, Ordering::AcqRel)
+                        | changes.progress_may_have_changed()
+                        | reread);
+                if progress {
                     loop {
                         match changes.next_progress(BATCH).await {
                             Ok(rows) => {

@@ -68,7 +68,7 @@ pub async fn run(broker: Broker, config: MaintenanceConfig, shutdown: Cancellati
                     }
                     tracing::warn!(requeued = report.requeued, failed = report.failed.len(),
                                    closed = report.closed, "lease recovery: expired leases taken back");
-                    broker.feed().kick();
+                    broker.feed().kick_statuses();
                     if report.requeued > 0 {
                         broker.job_queued().notify_one();
                         broker.feed().announce_queued();

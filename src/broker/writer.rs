@@ -191,8 +191,9 @@ impl Writer {
                     feed.written(task_id);
                 }
                 // Claims alone change no status: nobody's feed need look.
+                // The writer writes no progress.
                 if writes.iter().any(|w| !matches!(w, Write::Claim { .. })) {
-                    feed.kick();
+                    feed.kick_statuses();
                 }
                 metrics.writer_idle();
             }

@@ -5,6 +5,8 @@
 //! requests), `taskbroker_queued` (a job is queued), `taskbroker_control`
 //! (a cancel or an answer). Each notification of the followed kind bumps
 //! the feed's version and wakes `remote()`; a queued one wakes `queued()`.
+//! Progress notifies with the payload `progress` (migration V13), which
+//! also bumps the progress version: without one, no progress read.
 //!
 //! Feed ids (`task_events`, `task_progress`) become visible in id order
 //! (the feed lock: see the crate doc and the schema), so a position is a
@@ -41,6 +43,10 @@ pub(crate) struct PgFeed {
     queued: Arc<Notify>,
     /// Notifications heard (and reconnections, which may have missed some).
     version: Arc<AtomicI64>,
+    /// Progress notifications heard (and reconnections).
+    progress_version: Arc<AtomicI64>,
+    /// `progress_version` when progress was last read.
+    progress_read_at: i64,
     last_progress: i64,
     last_event: i64,
 }
@@ -52,7 +58,11 @@ struct Signals {
     remote: Arc<Notify>,
     queued: Arc<Notify>,
     version: Arc<AtomicI64>,
+    progress_version: Arc<AtomicI64>,
 }
+
+/// The payload of a progress notification (migration V13).
+const PROGRESS: &str = "progress";
 
 impl PgFeed {
     /// A feed at the head, following `interest`; listens until `shutdown`.
@@ -76,14 +86,16 @@ impl PgFeed {
             remote: Arc::new(Notify::new()),
             queued: Arc::new(Notify::new()),
             version: Arc::new(AtomicI64::new(0)),
+            progress_version: Arc::new(AtomicI64::new(0)),
         };
         // LISTEN before reading the head: whatever commits after the head
         // was read is heard.
         let listener = listen(&pool, signals.followed).await?;
-        let (remote, queued, version) = (
+        let (remote, queued, version, progress_version) = (
             signals.remote.clone(),
             signals.queued.clone(),
             signals.version.clone(),
+            signals.progress_version.clone(),
         );
         tokio::spawn(run_listener(pool, listener, signals, shutdown));
         let last_event = store.task_events_head().await?;
@@ -93,6 +105,8 @@ impl PgFeed {
             remote,
             queued,
             version,
+            progress_version,
+            progress_read_at: 0,
             last_progress,
             last_event,
         })
@@ -116,6 +130,7 @@ impl Signals {
 
     /// Notifications may have been missed: wake everyone.
     fn all(&self) {
+        self.progress_version.fetch_add(1, Ordering::AcqRel);
         self.bump();
         self.queued.notify_one();
     }
@@ -137,7 +152,13 @@ async fn run_listener(
         };
         match heard {
             Ok(Some(n)) if n.channel() == QUEUED => signals.queued.notify_one(),
-            Ok(Some(_)) => signals.bump(),
+            Ok(Some(n)) => {
+                // Before the bump: the tailer it wakes sees the progress.
+                if n.payload() == PROGRESS {
+                    signals.progress_version.fetch_add(1, Ordering::AcqRel);
+                }
+                signals.bump();
+            }
             // The connection was lost and made again (LISTEN included).
             Ok(None) => {
                 tracing::info!("change feed: listener reconnected");
@@ -182,6 +203,13 @@ impl ChangeFeed for PgFeed {
 
     async fn version(&mut self) -> Result<i64, StoreError> {
         Ok(self.version.load(Ordering::Acquire))
+    }
+
+    fn progress_may_have_changed(&mut self) -> bool {
+        let heard = self.progress_version.load(Ordering::Acquire);
+        let changed = heard != self.progress_read_at;
+        self.progress_read_at = heard;
+        changed
     }
 
     async fn next_progress(&mut self, limit: i64) -> Result<Vec<ProgressEvent>, StoreError> {

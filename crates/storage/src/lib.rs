@@ -201,6 +201,13 @@ pub trait ChangeFeed: Send {
     /// PostgreSQL it moves when the notification arrives): a process kicks
     /// its feed after its own commits instead of waiting for it.
     async fn version(&mut self) -> Result<i64, StoreError>;
+    /// Whether progress may have been committed since the last read of it
+    /// (a read can be skipped when not). True unless the driver is told
+    /// of progress apart: on PostgreSQL a progress commit notifies with a
+    /// payload of its own. Asking counts as the start of a read.
+    fn progress_may_have_changed(&mut self) -> bool {
+        true
+    }
     /// Progress reports committed since the last call, oldest first.
     async fn next_progress(&mut self, limit: i64) -> Result<Vec<ProgressEvent>, StoreError>;
     /// Status changes committed since the last call, oldest first.
