@@ -499,6 +499,20 @@ async fn workers_table_tracks_live_stopped_and_dead_workers(driver: Driver) {
 
 both_drivers!(workers_table_tracks_live_stopped_and_dead_workers);
 
+/// `clients` clients at once, each calling `sleep` 0 s as a task `each`
+/// times in turn and waiting in tasks/result for its result.
+async fn sleep_zero_tasks(server: &Server, clients: usize, each: usize) {
+    let clients = (0..clients).map(|_| async move {
+        let mut c = server.client().await;
+        for _ in 0..each {
+            let task_id = id(&c.call_task("sleep", json!({"seconds": 0})).await);
+            let result = c.ok("tasks/result", json!({"taskId": task_id})).await;
+            assert_eq!(result["content"][0]["text"], "slept 0 s", "{result}");
+        }
+    });
+    futures_util::future::join_all(clients).await;
+}
+
 /// Issue 26: adding worker processes adds no work to every task. A worker
 /// process's change feed is woken only by cancellations and answers (and
 /// catches up once a second), not by the other processes' creations and
@@ -521,18 +535,7 @@ async fn worker_processes_read_the_feed_per_second_not_per_commit(driver: Driver
         })
         .collect();
     let started = Instant::now();
-    let clients = (0..16).map(|_| {
-        let server = &server;
-        async move {
-            let mut c = server.client().await;
-            for _ in 0..25 {
-                let task_id = id(&c.call_task("sleep", json!({"seconds": 0})).await);
-                let result = c.ok("tasks/result", json!({"taskId": task_id})).await;
-                assert_eq!(result["content"][0]["text"], "slept 0 s", "{result}");
-            }
-        }
-    });
-    futures_util::future::join_all(clients).await;
+    sleep_zero_tasks(&server, 16, 25).await;
     let seconds = started.elapsed().as_secs_f64();
     let mut reads = 0usize;
     let mut statements = 0usize;
@@ -603,18 +606,7 @@ async fn progress_of_a_worker_process_reaches_the_client_and_is_read_only_when_w
             .count()
     };
     let before = progress_reads(&server.log());
-    let clients = (0..8).map(|_| {
-        let server = &server;
-        async move {
-            let mut c = server.client().await;
-            for _ in 0..25 {
-                let task_id = id(&c.call_task("sleep", json!({"seconds": 0})).await);
-                let result = c.ok("tasks/result", json!({"taskId": task_id})).await;
-                assert_eq!(result["content"][0]["text"], "slept 0 s", "{result}");
-            }
-        }
-    });
-    futures_util::future::join_all(clients).await;
+    sleep_zero_tasks(&server, 8, 25).await;
     let reads = progress_reads(&server.log()) - before;
     eprintln!("{driver:?}: 200 tasks without progress; the broker read progress {reads} times");
     if driver == Driver::Postgres {
