@@ -262,7 +262,8 @@ impl Feed {
                 // delivered before its end. A control feed reads no
                 // progress, and of the status changes only the cancels and
                 // answers its running jobs wait on.
-                // Each of the three is asked (each counts as a read).
+                // `|`, not `||`: the flag is taken and the store's progress
+                // version noted even when another reason already says read.
                 let progress = !control_only
                     && (feed.progress_kicked.swap(false, Ordering::AcqRel)
                         | changes.progress_may_have_changed()

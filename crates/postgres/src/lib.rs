@@ -307,7 +307,8 @@ impl Storage for PostgresStore {
     }
 
     /// A claim alone is one statement committed on its own (see
-    /// `batch::claim_alone`).
+    /// `batch::claim_alone`; a claim of a globally limited tool keeps its
+    /// transaction, which is rare).
     fn empty_claim_is_cheap(&self) -> bool {
         true
     }
