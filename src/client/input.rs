@@ -109,15 +109,30 @@ impl Answerer {
 struct CtrlCEndsPrompt(Option<tokio::task::JoinHandle<()>>);
 
 impl CtrlCEndsPrompt {
+    /// Listens from this call on: the listener is registered here, before
+    /// the question is printed, so a Ctrl-C pressed as soon as the
+    /// question shows is not lost while the watching task starts.
     fn arm() -> Self {
-        let watch = tokio::runtime::Handle::try_current().ok().map(|runtime| {
-            runtime.spawn(async {
-                if tokio::signal::ctrl_c().await.is_ok() {
-                    eprintln!();
-                    std::process::exit(i32::from(super::EXIT_INTERRUPTED));
-                }
-            })
-        });
+        let watch = tokio::runtime::Handle::try_current()
+            .ok()
+            .and_then(|runtime| {
+                let _entered = runtime.enter();
+                let mut interrupt =
+                    match tokio::signal::unix::signal(tokio::signal::unix::SignalKind::interrupt())
+                    {
+                        Ok(interrupt) => interrupt,
+                        Err(e) => {
+                            tracing::warn!(error = %e, "cannot listen for Ctrl-C at the question");
+                            return None;
+                        }
+                    };
+                Some(runtime.spawn(async move {
+                    if interrupt.recv().await.is_some() {
+                        eprintln!();
+                        std::process::exit(i32::from(super::EXIT_INTERRUPTED));
+                    }
+                }))
+            });
         Self(watch)
     }
 }
