@@ -1169,6 +1169,69 @@ async fn item5_bench_prints_rounded_figures() {
     );
 }
 
+/// Issue 26 item 4: `bench --waiters N` holds N clients waiting for their
+/// results: blocked in `tasks/result` (2025-11-25), or with `--listen`
+/// each following its own task on a `subscriptions/listen` stream
+/// (2026-07-28). It says `ready` with N once every stream is open, and the
+/// broker counts them open (its SSE streams gauge) until the holder leaves.
+#[tokio::test]
+async fn issue26_bench_holds_waiters_of_both_generations() {
+    let server = Server::start(&["--initialize-rate", "0"]);
+    let cli = Cli::new();
+    let metrics = server.url.replace("/mcp", "/metrics");
+    let open_streams = || async {
+        let text = reqwest::get(&metrics).await.unwrap().text().await.unwrap();
+        text.lines()
+            .find_map(|l| l.strip_prefix("taskbroker_sse_streams_open "))
+            .and_then(|v| v.trim().parse::<f64>().ok())
+            .unwrap_or_else(|| panic!("no taskbroker_sse_streams_open in {text}"))
+    };
+    for listen in [false, true] {
+        let mut cmd = cli.command();
+        cmd.args(["bench", "--url", &server.url, "--tool", "sleep"])
+            .args(["--args", r#"{"seconds":3600}"#, "--waiters", "12"])
+            .args(["--hold-secs", "4"])
+            .stdin(Stdio::null())
+            .stdout(Stdio::piped());
+        if listen {
+            cmd.arg("--listen");
+        }
+        let mut holder = cmd.spawn().unwrap();
+        let mut stdout = holder.stdout.take().unwrap();
+        let mut first = Vec::new();
+        let ready = tokio::time::timeout(Duration::from_secs(30), async {
+            let mut buf = [0u8; 1024];
+            while !first.contains(&b'\n') {
+                let n = stdout.read(&mut buf).await.unwrap();
+                assert!(
+                    n > 0,
+                    "ended before ready: {}",
+                    String::from_utf8_lossy(&first)
+                );
+                first.extend_from_slice(&buf[..n]);
+            }
+        })
+        .await;
+        assert!(ready.is_ok(), "not ready within 30 s (listen: {listen})");
+        let report: Value = serde_json::from_slice(&first).unwrap();
+        assert_eq!(report["ready"], 12, "listen: {listen}: {report}");
+        assert_eq!(open_streams().await, 12.0, "listen: {listen}");
+        let status = tokio::time::timeout(Duration::from_secs(30), holder.wait())
+            .await
+            .expect("the holder leaves after --hold-secs")
+            .unwrap();
+        assert_eq!(status.code(), Some(0), "listen: {listen}");
+        let deadline = Instant::now() + Duration::from_secs(10);
+        while open_streams().await != 0.0 {
+            assert!(
+                Instant::now() < deadline,
+                "streams still open after the holder left"
+            );
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+    }
+}
+
 /// `taskbroker call approve` with `args` (in `protocol`, as a task or not)
 /// and its stdin closed (not a terminal).
 async fn approve(cli: &Cli, url: &str, protocol: &str, task: bool, extra: &[&str]) -> Out {

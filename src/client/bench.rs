@@ -12,6 +12,8 @@ use clap::{Args, ValueEnum};
 use serde_json::{Map, Value, json};
 
 use super::cli::Connection;
+use super::input::Answerer;
+use super::stateless::StatelessClient;
 use super::{EXIT_FAILURE, EXIT_OK, EXIT_UNREACHABLE, McpClient};
 
 /// How a client learns that its task ended.
@@ -58,6 +60,11 @@ pub struct BenchArgs {
     /// stream is open, hold them for --hold-secs, then leave.
     #[arg(long, conflicts_with_all = ["plain", "wait"])]
     pub waiters: Option<usize>,
+    /// With --waiters: wait the MCP 2026-07-28 way instead: the tasks are
+    /// made without a session and each is followed by a
+    /// `subscriptions/listen` stream of its own.
+    #[arg(long, requires = "waiters")]
+    pub listen: bool,
     /// How long --waiters holds its streams open.
     #[arg(long, default_value_t = 10)]
     pub hold_secs: u64,
@@ -213,6 +220,9 @@ pub async fn run(args: BenchArgs) -> u8 {
     // The MCP client is not Send: every client runs on this thread.
     let local = tokio::task::LocalSet::new();
     if let Some(n) = args.waiters {
+        if args.listen {
+            return hold_listeners(&args, arguments, n).await;
+        }
         return local.run_until(hold_waiters(args, arguments, n)).await;
     }
     if let Some(n) = args.notify {
@@ -287,6 +297,93 @@ async fn hold_waiters(args: Arc<BenchArgs>, arguments: Value, n: usize) -> u8 {
     drop(streams);
     client.close().await;
     EXIT_OK
+}
+
+/// `--waiters N --listen`: N tasks of MCP 2026-07-28, each followed by a
+/// `subscriptions/listen` stream; a stream counts as open once its
+/// acknowledgement has arrived.
+async fn hold_listeners(args: &BenchArgs, arguments: Value, n: usize) -> u8 {
+    use futures_util::{StreamExt, TryStreamExt, stream};
+    let client = match StatelessClient::new(&args.connection, Answerer::new(None)) {
+        Ok(c) => c,
+        Err(e) => {
+            eprintln!("taskbroker bench: {e}");
+            return EXIT_FAILURE;
+        }
+    };
+    let started = Instant::now();
+    let created: Result<Vec<String>, String> = stream::iter(0..n)
+        .map(|_| async {
+            let task = client
+                .request(
+                    "tools/call",
+                    json!({ "name": args.tool, "arguments": arguments }),
+                    true,
+                )
+                .await
+                .map_err(|e| e.to_string())?;
+            task.get("taskId")
+                .and_then(Value::as_str)
+                .map(str::to_owned)
+                .ok_or_else(|| format!("not a task: {task}"))
+        })
+        .buffer_unordered(32)
+        .try_collect()
+        .await;
+    let ids = match created {
+        Ok(ids) => ids,
+        Err(e) => {
+            eprintln!("taskbroker bench: creating tasks failed: {e}");
+            return EXIT_FAILURE;
+        }
+    };
+    let create_s = started.elapsed().as_secs_f64();
+    let opened = Instant::now();
+    let streams: Result<Vec<reqwest::Response>, String> = stream::iter(ids)
+        .map(|id| {
+            let client = &client;
+            async move {
+                let params = json!({ "notifications": { "taskIds": [id] } });
+                let (_, mut response) = client
+                    .open("subscriptions/listen", params, true)
+                    .await
+                    .map_err(|e| e.to_string())?;
+                if !response.status().is_success() {
+                    return Err(format!("subscriptions/listen: HTTP {}", response.status()));
+                }
+                match response.chunk().await {
+                    Ok(Some(first)) if contains(&first, b"acknowledged") => Ok(response),
+                    Ok(first) => Err(format!(
+                        "subscriptions/listen did not open with its acknowledgement: {:?}",
+                        first.map(|b| String::from_utf8_lossy(&b).into_owned())
+                    )),
+                    Err(e) => Err(format!("subscriptions/listen: {e}")),
+                }
+            }
+        })
+        .buffer_unordered(256)
+        .try_collect()
+        .await;
+    let streams = match streams {
+        Ok(s) => s,
+        Err(e) => {
+            eprintln!("taskbroker bench: opening subscriptions/listen streams failed: {e}");
+            return EXIT_FAILURE;
+        }
+    };
+    println!(
+        "{}",
+        json!({ "ready": streams.len(), "create_s": round(create_s, 3),
+                "open_s": round(opened.elapsed().as_secs_f64(), 3) })
+    );
+    tokio::time::sleep(Duration::from_secs(args.hold_secs)).await;
+    drop(streams);
+    EXIT_OK
+}
+
+/// Whether `haystack` holds `needle`.
+fn contains(haystack: &[u8], needle: &[u8]) -> bool {
+    haystack.windows(needle.len()).any(|w| w == needle)
 }
 
 async fn drive(args: Arc<BenchArgs>, arguments: Value, left: Arc<AtomicUsize>) -> u8 {

@@ -39,7 +39,7 @@ use crate::mcp::modern;
 const MAX_INPUT_ROUNDS: usize = 16;
 
 /// A client of the 2026-07-28 generation: one POST per request.
-struct StatelessClient {
+pub(super) struct StatelessClient {
     http: reqwest::Client,
     url: Url,
     token: Option<String>,
@@ -49,7 +49,7 @@ struct StatelessClient {
 }
 
 impl StatelessClient {
-    fn new(conn: &Connection, answerer: Answerer) -> Result<Self, McpError> {
+    pub(super) fn new(conn: &Connection, answerer: Answerer) -> Result<Self, McpError> {
         let http = reqwest::Client::builder()
             .connect_timeout(Duration::from_secs(10))
             .read_timeout(Duration::from_secs(300))
@@ -87,7 +87,25 @@ impl StatelessClient {
 
     /// Send `method` with `params` (plus the `_meta` envelope); with
     /// `tasks`, the request declares the tasks extension.
-    async fn request(&self, method: &str, params: Value, tasks: bool) -> Result<Value, McpError> {
+    pub(super) async fn request(
+        &self,
+        method: &str,
+        params: Value,
+        tasks: bool,
+    ) -> Result<Value, McpError> {
+        let (id, response) = self.open(method, params, tasks).await?;
+        self.answer(id, response).await
+    }
+
+    /// Send `method` as [`StatelessClient::request`] does, and return the
+    /// response unread with the request's id (a `subscriptions/listen`
+    /// stream is read as it comes).
+    pub(super) async fn open(
+        &self,
+        method: &str,
+        params: Value,
+        tasks: bool,
+    ) -> Result<(i64, reqwest::Response), McpError> {
         let id = self.next_id.fetch_add(1, Ordering::Relaxed);
         let mut params = match params {
             Value::Object(p) => p,
@@ -157,6 +175,12 @@ impl StatelessClient {
                     McpError::Transport(e.to_string())
                 }
             })?;
+        Ok((id, response))
+    }
+
+    /// Parse the answer to request `id` out of its HTTP response (JSON or
+    /// an SSE body).
+    async fn answer(&self, id: i64, response: reqwest::Response) -> Result<Value, McpError> {
         let status = response.status();
         let sse = response
             .headers()
