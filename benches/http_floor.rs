@@ -1,7 +1,7 @@
 //! The memory floor of the HTTP stack for waiting clients: a server built
 //! as the broker's connections are (tokio, hyper's HTTP/1 connection, one
-//! task per connection) whose only handler reads the request's body and
-//! then never answers. scripts/bench-waiters holds N requests on it and
+//! task per connection) whose only handler reads the request's body,
+//! answers the head of an SSE stream and never sends its body. scripts/bench-waiters holds N requests on it and
 //! reads its RSS beside the broker's with N clients blocked in
 //! `tasks/result` or `subscriptions/listen`: what the broker spends per
 //! waiting client above what any server on this stack must.
@@ -11,6 +11,7 @@
 
 use std::convert::Infallible;
 
+use axum::body::Bytes;
 use hyper::body::Incoming;
 use hyper::{Request, Response};
 use hyper_util::rt::TokioIo;
@@ -56,11 +57,16 @@ async fn serve(listen: &str) {
         tokio::spawn(async move {
             let service = hyper::service::service_fn(|request: Request<Incoming>| async move {
                 // Read the whole request, as the broker does before it
-                // decides to wait, then wait for ever.
+                // decides to wait; answer at once with the head of an SSE
+                // stream, as the broker does for a waiting client, and
+                // never send its body.
                 let body = axum::body::Body::new(request.into_body());
                 let _ = axum::body::to_bytes(body, 1 << 20).await;
-                std::future::pending::<()>().await;
-                Ok::<_, Infallible>(Response::new(String::new()))
+                let never = futures_util::stream::pending::<Result<Bytes, Infallible>>();
+                Response::builder()
+                    .header("content-type", "text/event-stream")
+                    .header("cache-control", "no-cache")
+                    .body(axum::body::Body::from_stream(never))
             });
             let _ = hyper::server::conn::http1::Builder::new()
                 .serve_connection(TokioIo::new(tcp), service)

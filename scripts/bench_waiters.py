@@ -16,7 +16,7 @@ import tempfile
 import time
 
 KINDS = {
-    "floor": "HTTP floor: hyper HTTP/1 connection, handler never answers (benches/http_floor.rs)",
+    "floor": "HTTP floor: hyper HTTP/1 connection, an SSE head and no body (benches/http_floor.rs)",
     "result": "taskbroker: clients blocked in 2025-11-25 tasks/result (one session)",
     "listen": "taskbroker: 2026-07-28 subscriptions/listen streams, one task each (no session)",
 }

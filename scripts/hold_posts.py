@@ -1,9 +1,10 @@
 #!/usr/bin/env python3
 """Hold N HTTP/1.1 POSTs open on one server: N connections, each sending
-one request (the size of a tasks/result call) and never reading the answer.
-scripts/bench-waiters uses it on the HTTP stack's floor server
-(benches/http_floor.rs), which never answers. Prints `ready` once every
-request is sent, then holds them for --hold-secs.
+one request (the size of a tasks/result call) and reading the head of its
+answer. scripts/bench-waiters uses it on the HTTP stack's floor server
+(benches/http_floor.rs), which answers the head of an SSE stream and never
+its body. Prints `ready` once every answer's head has come, then holds
+them for --hold-secs.
 
 usage: hold_posts.py HOST:PORT N [--hold-secs S]
 """
@@ -34,6 +35,9 @@ async def hold(addr, n, hold_secs):
         reader, writer = await asyncio.open_connection(host, int(port))
         writer.write(data)
         await writer.drain()
+        head = await reader.readuntil(b"\r\n\r\n")
+        if not head.startswith(b"HTTP/1.1 200") or b"text/event-stream" not in head:
+            raise SystemExit(f"not the head of an SSE stream: {head!r}")
         return reader, writer
 
     held = []
