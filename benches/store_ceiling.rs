@@ -77,7 +77,7 @@ const COMPLETE_JOBS_GROUPED: &str =
     "UPDATE jobs SET state = 'done', lease_token = NULL, lease_expires_at = NULL,
         finished_at = ?1, changed_at = ?1, last_error = NULL
    FROM (SELECT value ->> 'seq' AS seq, value ->> 'token' AS token FROM json_each(?2)) AS c
-  WHERE jobs.task_seq = c.seq AND jobs.lease_token = c.token AND jobs.state = 'running'
+  WHERE jobs.task_seq = c.seq AND jobs.lease_token = c.token AND +jobs.state = 'running'
  RETURNING task_seq";
 
 const COMPLETE_TASKS_GROUPED: &str =
@@ -87,7 +87,7 @@ const COMPLETE_TASKS_GROUPED: &str =
                 value ->> 'message' AS message, value ->> 'result' AS result,
                 value ->> 'kind' AS kind
            FROM json_each(?2)) AS c
-  WHERE tasks.seq = c.seq AND tasks.status IN ('working', 'input_required')
+  WHERE tasks.seq = c.seq AND +tasks.status IN ('working', 'input_required')
  RETURNING seq";
 
 fn outcome() -> TaskOutcome {

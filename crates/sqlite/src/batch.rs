@@ -4,7 +4,12 @@
 //! `taskbroker_storage::batch`).
 //! A batch opens with `BEGIN IMMEDIATE`, so it takes the write lock first
 //! and never has to upgrade; the grouped statements read their rows from
-//! one JSON array with `json_each`.
+//! one JSON array with `json_each`. A grouped update joins its table to
+//! that array by primary key; a filter on an indexed column of the table
+//! is written `+column` so the planner cannot start from that index
+//! instead (`tasks.status` of every open task, `jobs.state` of every
+//! running job) and visit the whole backlog once per array element on
+//! every commit: it walks the array and looks each row up by key.
 
 use async_trait::async_trait;
 use serde_json::{Value, json};
@@ -330,7 +335,7 @@ impl GroupCommit for SqliteStore {
         r#"UPDATE jobs SET state = 'done', lease_token = NULL, lease_expires_at = NULL,
                   finished_at = ?1, changed_at = ?1, last_error = NULL
              FROM (SELECT value ->> 'seq' AS seq, value ->> 'token' AS token FROM json_each(?2)) AS c
-            WHERE jobs.task_seq = c.seq AND jobs.lease_token = c.token AND jobs.state = 'running'
+            WHERE jobs.task_seq = c.seq AND jobs.lease_token = c.token AND +jobs.state = 'running'
            RETURNING task_seq AS "task_seq!""#,
             now,
             leases
@@ -353,7 +358,7 @@ impl GroupCommit for SqliteStore {
                           value ->> 'message' AS message, value ->> 'result' AS result,
                           value ->> 'kind' AS kind, value ->> 'tool_error' AS tool_error
                      FROM json_each(?2)) AS c
-            WHERE tasks.seq = c.seq AND tasks.status IN ('working', 'input_required')
+            WHERE tasks.seq = c.seq AND +tasks.status IN ('working', 'input_required')
            RETURNING seq AS "seq!""#,
             now,
             outcomes
