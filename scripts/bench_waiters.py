@@ -15,6 +15,8 @@ import sys
 import tempfile
 import time
 
+from bench_scale import write_block
+
 KINDS = {
     "floor": "HTTP floor: hyper HTTP/1 connection, an SSE head and no body (benches/http_floor.rs)",
     "result": "taskbroker: clients blocked in 2025-11-25 tasks/result (one session)",
@@ -152,20 +154,6 @@ def report(rows, a):
         lines.append(f"| {name} | {small[0]:.1f} | {big[0]:.1f} ({big[1]:.1f}-{big[2]:.1f}) | {kb:.1f} | {above} | {q} | {o} |")
     lines += ["", "Command: `scripts/bench-waiters` (`--quick`: 1,000 waiters, one round, writes nothing)."]
     return "\n".join(lines)
-
-
-def write_block(out, marker, title, table):
-    """Put `table` between the `<marker>:start` and `<marker>:end` comments of
-    `out`, or, the first time, at its end under a heading `title`."""
-    text = open(out).read()
-    start, end = f"<!-- {marker}:start -->", f"<!-- {marker}:end -->"
-    block = f"{start}\n{table}\n{end}"
-    if start in text:
-        head, rest = text.split(start, 1)
-        text = head + block + rest.split(end, 1)[1]
-    else:
-        text = text.rstrip("\n") + f"\n\n## {title}\n\n{block}\n"
-    open(out, "w").write(text)
 
 
 if __name__ == "__main__":

@@ -233,7 +233,6 @@ pub async fn run(args: BenchArgs) -> u8 {
 
 /// `--waiters N`: N tasks, N tasks/result streams open at once.
 async fn hold_waiters(args: Arc<BenchArgs>, arguments: Value, n: usize) -> u8 {
-    use futures_util::{StreamExt, TryStreamExt, stream};
     let client = match McpClient::open(&args.connection).await {
         Ok(c) => c,
         Err(e) => {
@@ -241,69 +240,37 @@ async fn hold_waiters(args: Arc<BenchArgs>, arguments: Value, n: usize) -> u8 {
             return EXIT_UNREACHABLE;
         }
     };
-    let started = Instant::now();
-    let created: Result<Vec<String>, String> = stream::iter(0..n)
-        .map(|_| async {
-            let task = client
-                .request(
-                    "tools/call",
-                    json!({ "name": args.tool, "arguments": arguments, "task": {} }),
-                )
+    let create = || async {
+        let task = client
+            .request(
+                "tools/call",
+                json!({ "name": args.tool, "arguments": arguments, "task": {} }),
+            )
+            .await
+            .map_err(|e| e.to_string())?;
+        task.pointer("/task/taskId")
+            .and_then(Value::as_str)
+            .map(str::to_owned)
+            .ok_or_else(|| format!("not a task: {task}"))
+    };
+    let open = |id: String| {
+        let client = &client;
+        async move {
+            client
+                .open_request("tasks/result", json!({ "taskId": id }))
                 .await
-                .map_err(|e| e.to_string())?;
-            task.pointer("/task/taskId")
-                .and_then(Value::as_str)
-                .map(str::to_owned)
-                .ok_or_else(|| format!("not a task: {task}"))
-        })
-        .buffer_unordered(32)
-        .try_collect()
-        .await;
-    let ids = match created {
-        Ok(ids) => ids,
-        Err(e) => {
-            eprintln!("taskbroker bench: creating tasks failed: {e}");
-            return EXIT_FAILURE;
+                .map_err(|e| e.to_string())
         }
     };
-    let create_s = started.elapsed().as_secs_f64();
-    let opened = Instant::now();
-    let streams: Result<Vec<reqwest::Response>, String> = stream::iter(ids)
-        .map(|id| {
-            let client = &client;
-            async move {
-                client
-                    .open_request("tasks/result", json!({ "taskId": id }))
-                    .await
-                    .map_err(|e| e.to_string())
-            }
-        })
-        .buffer_unordered(256)
-        .try_collect()
-        .await;
-    let streams = match streams {
-        Ok(s) => s,
-        Err(e) => {
-            eprintln!("taskbroker bench: opening tasks/result streams failed: {e}");
-            return EXIT_FAILURE;
-        }
-    };
-    println!(
-        "{}",
-        json!({ "ready": streams.len(), "create_s": round(create_s, 3),
-                "open_s": round(opened.elapsed().as_secs_f64(), 3) })
-    );
-    tokio::time::sleep(Duration::from_secs(args.hold_secs)).await;
-    drop(streams);
+    let code = hold_streams(n, args.hold_secs, "tasks/result", create, open).await;
     client.close().await;
-    EXIT_OK
+    code
 }
 
 /// `--waiters N --listen`: N tasks of MCP 2026-07-28, each followed by a
 /// `subscriptions/listen` stream; a stream counts as open once its
 /// acknowledgement has arrived.
 async fn hold_listeners(args: &BenchArgs, arguments: Value, n: usize) -> u8 {
-    use futures_util::{StreamExt, TryStreamExt, stream};
     let client = match StatelessClient::new(&args.connection, Answerer::new(None)) {
         Ok(c) => c,
         Err(e) => {
@@ -311,22 +278,64 @@ async fn hold_listeners(args: &BenchArgs, arguments: Value, n: usize) -> u8 {
             return EXIT_FAILURE;
         }
     };
-    let started = Instant::now();
-    let created: Result<Vec<String>, String> = stream::iter(0..n)
-        .map(|_| async {
-            let task = client
-                .request(
-                    "tools/call",
-                    json!({ "name": args.tool, "arguments": arguments }),
-                    true,
-                )
+    let create = || async {
+        let task = client
+            .request(
+                "tools/call",
+                json!({ "name": args.tool, "arguments": arguments }),
+                true,
+            )
+            .await
+            .map_err(|e| e.to_string())?;
+        task.get("taskId")
+            .and_then(Value::as_str)
+            .map(str::to_owned)
+            .ok_or_else(|| format!("not a task: {task}"))
+    };
+    let open = |id: String| {
+        let client = &client;
+        async move {
+            let params = json!({ "notifications": { "taskIds": [id] } });
+            let (_, mut response) = client
+                .open("subscriptions/listen", params, true)
                 .await
                 .map_err(|e| e.to_string())?;
-            task.get("taskId")
-                .and_then(Value::as_str)
-                .map(str::to_owned)
-                .ok_or_else(|| format!("not a task: {task}"))
-        })
+            if !response.status().is_success() {
+                return Err(format!("HTTP {}", response.status()));
+            }
+            match response.chunk().await {
+                Ok(Some(first)) if contains(&first, b"acknowledged") => Ok(response),
+                Ok(first) => Err(format!(
+                    "it did not open with its acknowledgement: {:?}",
+                    first.map(|b| String::from_utf8_lossy(&b).into_owned())
+                )),
+                Err(e) => Err(e.to_string()),
+            }
+        }
+    };
+    hold_streams(n, args.hold_secs, "subscriptions/listen", create, open).await
+}
+
+/// Make `n` tasks with `create`, then open a stream on each with `open`
+/// (a `method` stream); print `ready` with the timings once all are open,
+/// hold them for `hold_secs`, then let go.
+async fn hold_streams<C, CF, O, OF>(
+    n: usize,
+    hold_secs: u64,
+    method: &str,
+    create: C,
+    open: O,
+) -> u8
+where
+    C: Fn() -> CF,
+    CF: Future<Output = Result<String, String>>,
+    O: Fn(String) -> OF,
+    OF: Future<Output = Result<reqwest::Response, String>>,
+{
+    use futures_util::{StreamExt, TryStreamExt, stream};
+    let started = Instant::now();
+    let created: Result<Vec<String>, String> = stream::iter(0..n)
+        .map(|_| create())
         .buffer_unordered(32)
         .try_collect()
         .await;
@@ -340,34 +349,14 @@ async fn hold_listeners(args: &BenchArgs, arguments: Value, n: usize) -> u8 {
     let create_s = started.elapsed().as_secs_f64();
     let opened = Instant::now();
     let streams: Result<Vec<reqwest::Response>, String> = stream::iter(ids)
-        .map(|id| {
-            let client = &client;
-            async move {
-                let params = json!({ "notifications": { "taskIds": [id] } });
-                let (_, mut response) = client
-                    .open("subscriptions/listen", params, true)
-                    .await
-                    .map_err(|e| e.to_string())?;
-                if !response.status().is_success() {
-                    return Err(format!("subscriptions/listen: HTTP {}", response.status()));
-                }
-                match response.chunk().await {
-                    Ok(Some(first)) if contains(&first, b"acknowledged") => Ok(response),
-                    Ok(first) => Err(format!(
-                        "subscriptions/listen did not open with its acknowledgement: {:?}",
-                        first.map(|b| String::from_utf8_lossy(&b).into_owned())
-                    )),
-                    Err(e) => Err(format!("subscriptions/listen: {e}")),
-                }
-            }
-        })
+        .map(open)
         .buffer_unordered(256)
         .try_collect()
         .await;
     let streams = match streams {
         Ok(s) => s,
         Err(e) => {
-            eprintln!("taskbroker bench: opening subscriptions/listen streams failed: {e}");
+            eprintln!("taskbroker bench: opening {method} streams failed: {e}");
             return EXIT_FAILURE;
         }
     };
@@ -376,7 +365,7 @@ async fn hold_listeners(args: &BenchArgs, arguments: Value, n: usize) -> u8 {
         json!({ "ready": streams.len(), "create_s": round(create_s, 3),
                 "open_s": round(opened.elapsed().as_secs_f64(), 3) })
     );
-    tokio::time::sleep(Duration::from_secs(args.hold_secs)).await;
+    tokio::time::sleep(Duration::from_secs(hold_secs)).await;
     drop(streams);
     EXIT_OK
 }
