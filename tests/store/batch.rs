@@ -368,25 +368,11 @@ store_test!(a_claim_says_when_each_job_became_runnable);
 /// `.sqlx/`), planned by `EXPLAIN QUERY PLAN` on a migrated database.
 #[tokio::test]
 async fn sqlite_statements_walk_their_json_array_not_the_table() {
-    let dir = tempfile::tempdir().unwrap();
-    let path = dir.path().join("plans.db");
-    let store = store::open(&path, Durability::Full).await.unwrap();
-    store.close().await;
-    let raw = raw_sqlite(&path).await;
-    let offline = Path::new(env!("CARGO_MANIFEST_DIR")).join(".sqlx");
     let mut checked = 0;
-    for entry in std::fs::read_dir(&offline).unwrap() {
-        let text = std::fs::read_to_string(entry.unwrap().path()).unwrap();
-        let data: serde_json::Value = serde_json::from_str(&text).unwrap();
-        let sql = data["query"].as_str().unwrap();
-        if data["db_name"] != "SQLite" || !sql.contains("json_each") {
+    for (sql, plan) in sqlite_plans().await {
+        if !sql.contains("json_each") {
             continue;
         }
-        let plan: Vec<(i64, i64, i64, String)> =
-            sqlx::query_as(sqlx::AssertSqlSafe(format!("EXPLAIN QUERY PLAN {sql}")))
-                .fetch_all(&raw)
-                .await
-                .unwrap_or_else(|e| panic!("cannot plan {sql}: {e}"));
         // Within one loop nest (same parent), the rows come outer first: a
         // table searched or scanned before the array means the array is
         // walked once per row of the table.
@@ -415,4 +401,57 @@ async fn sqlite_statements_walk_their_json_array_not_the_table() {
         checked >= 5,
         "only {checked} statements with json_each found"
     );
+}
+
+/// SQLite only, on the real engine: no statement of the driver reads a
+/// whole table of the task lifecycle (tasks, jobs, their events, their
+/// messages) without an index. A statement that finds one task's rows by a
+/// column no index leads with reads every row ever kept: a task's pending
+/// requests were found by `task_id` while the index leads with `task_seq`.
+#[tokio::test]
+async fn sqlite_statements_read_no_whole_lifecycle_table_unindexed() {
+    let mut offending = Vec::new();
+    for (sql, plan) in sqlite_plans().await {
+        for (_, _, _, detail) in &plan {
+            let whole = ["tasks", "jobs", "task_events", "task_messages"]
+                .iter()
+                .any(|table| detail == &format!("SCAN {table}"));
+            if whole {
+                offending.push(format!("{detail}: {sql}"));
+            }
+        }
+    }
+    assert!(offending.is_empty(), "{}", offending.join("\n\n"));
+}
+
+/// Every SQLite statement of the driver (the offline data of its queries
+/// in `.sqlx/`) with its `EXPLAIN QUERY PLAN` rows (id, parent, unused,
+/// detail) on a freshly migrated database.
+async fn sqlite_plans() -> Vec<(String, Vec<(i64, i64, i64, String)>)> {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("plans.db");
+    let store = store::open(&path, Durability::Full).await.unwrap();
+    store.close().await;
+    let raw = raw_sqlite(&path).await;
+    let offline = Path::new(env!("CARGO_MANIFEST_DIR")).join(".sqlx");
+    let mut plans = Vec::new();
+    for entry in std::fs::read_dir(&offline).unwrap() {
+        let text = std::fs::read_to_string(entry.unwrap().path()).unwrap();
+        let data: serde_json::Value = serde_json::from_str(&text).unwrap();
+        if data["db_name"] != "SQLite" {
+            continue;
+        }
+        let sql = data["query"].as_str().unwrap().to_owned();
+        let plan = sqlx::query_as(sqlx::AssertSqlSafe(format!("EXPLAIN QUERY PLAN {sql}")))
+            .fetch_all(&raw)
+            .await
+            .unwrap_or_else(|e| panic!("cannot plan {sql}: {e}"));
+        plans.push((sql, plan));
+    }
+    assert!(
+        plans.len() > 50,
+        "only {} SQLite statements in .sqlx",
+        plans.len()
+    );
+    plans
 }

@@ -50,12 +50,14 @@ impl MessageStore for PostgresStore {
         Ok(())
     }
 
-    /// The unanswered requests of a task, oldest first.
+    /// The unanswered requests of a task, oldest first (by the task's seq,
+    /// which the messages' index leads with).
     async fn task_messages_pending(&self, task_id: &str) -> Result<Vec<TaskMessage>, StoreError> {
         let rows = sqlx::query_as!(
             TaskMessage,
             "SELECT request_id, task_id, method, params, response FROM task_messages
-              WHERE task_id = $1 AND state = 'pending' ORDER BY id",
+              WHERE task_seq = (SELECT seq FROM tasks WHERE task_id = $1) AND state = 'pending'
+              ORDER BY id",
             task_id
         )
         .fetch_all(&self.pool)
