@@ -8,6 +8,7 @@ use std::time::Duration;
 use serde_json::{Value, json};
 use tokio::io::{AsyncBufReadExt, BufReader};
 
+use super::interrupt::Interrupt;
 use super::output::print_result;
 use super::progress::Progress;
 use super::session::{CliSession, Origin};
@@ -342,32 +343,6 @@ async fn read_line() -> Option<String> {
     {
         Ok(0) | Err(_) => None,
         Ok(_) => Some(line),
-    }
-}
-
-/// SIGINT, listened for from creation on (a Ctrl-C that comes while nobody
-/// waits is kept for the next [`Interrupt::recv`]).
-struct Interrupt(Option<tokio::signal::unix::Signal>);
-
-impl Interrupt {
-    fn new() -> Self {
-        match tokio::signal::unix::signal(tokio::signal::unix::SignalKind::interrupt()) {
-            Ok(signal) => Self(Some(signal)),
-            Err(e) => {
-                tracing::warn!(error = %e, "cannot listen for Ctrl-C");
-                Self(None)
-            }
-        }
-    }
-
-    /// Wait for the next Ctrl-C (forever if we cannot listen).
-    async fn recv(&mut self) {
-        match self.0.as_mut() {
-            Some(signal) => {
-                signal.recv().await;
-            }
-            None => std::future::pending().await,
-        }
     }
 }
 

@@ -10,6 +10,8 @@ use std::io::{BufRead, IsTerminal, Write};
 
 use serde_json::{Map, Value, json};
 
+use super::interrupt::Interrupt;
+
 /// The MCP method of the questions answered here.
 pub const ELICITATION: &str = "elicitation/create";
 
@@ -113,26 +115,15 @@ impl CtrlCEndsPrompt {
     /// the question is printed, so a Ctrl-C pressed as soon as the
     /// question shows is not lost while the watching task starts.
     fn arm() -> Self {
-        let watch = tokio::runtime::Handle::try_current()
-            .ok()
-            .and_then(|runtime| {
-                let _entered = runtime.enter();
-                let mut interrupt =
-                    match tokio::signal::unix::signal(tokio::signal::unix::SignalKind::interrupt())
-                    {
-                        Ok(interrupt) => interrupt,
-                        Err(e) => {
-                            tracing::warn!(error = %e, "cannot listen for Ctrl-C at the question");
-                            return None;
-                        }
-                    };
-                Some(runtime.spawn(async move {
-                    if interrupt.recv().await.is_some() {
-                        eprintln!();
-                        std::process::exit(i32::from(super::EXIT_INTERRUPTED));
-                    }
-                }))
-            });
+        let watch = tokio::runtime::Handle::try_current().ok().map(|runtime| {
+            let _entered = runtime.enter();
+            let mut interrupt = Interrupt::new();
+            runtime.spawn(async move {
+                interrupt.recv().await;
+                eprintln!();
+                std::process::exit(i32::from(super::EXIT_INTERRUPTED));
+            })
+        });
         Self(watch)
     }
 }

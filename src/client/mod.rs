@@ -15,6 +15,7 @@ mod call;
 mod cli;
 mod error;
 pub mod input;
+mod interrupt;
 mod output;
 mod progress;
 mod session;
