@@ -30,15 +30,14 @@ use sqlx::{AssertSqlSafe, Connection, PgConnection, Row};
 use taskbroker::store::{
     self, Durability, OneWrite, ResultKind, TaskOutcome, TaskStatus, ToolQuota, Write, Written,
 };
-use taskbroker_postgres::FEED_LOCK_KEY;
 
 const LEASE_MS: i64 = 30_000;
 const T0: i64 = 1_700_000_000_000;
 const SERVER: &str = "postgres://postgres@127.0.0.1:5432";
 
 // The statements below are the PostgreSQL driver's own, copied from
-// crates/postgres/src/jobs.rs (`claim_in`, `complete_in`), batch.rs
-// (`complete_many`) and lib.rs (`lock_feed`): sqlx's macros keep their SQL
+// crates/postgres/src/jobs.rs (`claim_in`, `complete_in`) and batch.rs
+// (`complete_many`): sqlx's macros keep their SQL
 // to themselves. Run here with `sqlx::query`, which prepares each statement
 // once per connection and caches it, as the macros do.
 
@@ -75,9 +74,6 @@ const CLAIM: &str = r#"WITH quota AS (SELECT tool, free, global_limit
                      t.arguments AS "arguments!", t.progress_token AS "progress_token?",
                      jobs.attempt AS "attempt!", jobs.max_attempts AS "max_attempts!",
                      jobs.priority AS "priority!", jobs.lease_token AS "lease_token!""#;
-
-/// `lock_feed`: the first statement of every transaction that writes tasks.
-const LOCK_FEED: &str = "SELECT pg_advisory_xact_lock($1)";
 
 /// `complete_in`, the fenced job.
 const COMPLETE_JOB: &str =
@@ -202,11 +198,6 @@ async fn raw_loop(url: &str, durability: Durability, batch: usize) -> usize {
             return done;
         }
         let mut tx = conn.begin().await.unwrap();
-        sqlx::query(LOCK_FEED)
-            .bind(FEED_LOCK_KEY)
-            .execute(&mut *tx)
-            .await
-            .unwrap();
         if batch == 1 {
             // `job_complete`: its own transaction, `complete_in`'s two statements.
             for seq in &claimed {

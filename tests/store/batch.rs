@@ -358,6 +358,91 @@ async fn a_claim_says_when_each_job_became_runnable(db: TestDb) {
 }
 store_test!(a_claim_says_when_each_job_became_runnable);
 
+/// Issue 26: PostgreSQL holds no lock around whole transactions, so the
+/// writers of one task from several processes must take its rows in one
+/// order (its job, then the task). Grouped completions (batches of 8, keys
+/// from the top), cancels (one at a time, from the top too) and status
+/// messages (from the bottom) of the same 96 running tasks run at once, each on its own
+/// connection: every call answers as it would alone (a cycle of row locks
+/// fails one of them with "deadlock detected"), and every task ends
+/// terminal with its job done.
+async fn issue26_writers_of_the_same_tasks_take_rows_in_one_order(db: TestDb) {
+    const TASKS: usize = 96;
+    for i in 0..TASKS {
+        db.store
+            .task_create(&new_task(&format!("t{i}"), "alice"), Some(JOB), None, T0)
+            .await
+            .unwrap();
+    }
+    let mut seqs: Vec<i64> = db
+        .store
+        .job_claim_available(
+            "w1",
+            "lease-1",
+            &echo(TASKS as i64),
+            TASKS as i64,
+            LEASE_MS,
+            T0 + 1,
+        )
+        .await
+        .unwrap()
+        .iter()
+        .map(|j| j.task_seq)
+        .collect();
+    assert_eq!(seqs.len(), TASKS);
+    seqs.sort_unstable();
+    let store = &db.store;
+    let completer = async {
+        for chunk in seqs.iter().rev().collect::<Vec<_>>().chunks(8) {
+            let ops: Vec<Write> = chunk
+                .iter()
+                .map(|seq| complete_op(**seq, "lease-1", completed_outcome()))
+                .collect();
+            for done in store.write_batch(&ops, T0 + 10).await.expect("the batch") {
+                completed(done).expect("a completion holding its lease");
+            }
+        }
+    };
+    let canceller = async {
+        for i in (0..TASKS).rev() {
+            match store
+                .task_cancel(&format!("t{i}"), "alice", "stop", T0 + 10)
+                .await
+                .expect("a cancel")
+            {
+                CancelOutcome::Cancelled(_) | CancelOutcome::Terminal(_) => {}
+                other => panic!("t{i}: {other:?}"),
+            }
+        }
+    };
+    let messenger = async {
+        for seq in &seqs {
+            match store
+                .task_set_status_message(*seq, "lease-1", "still going", T0 + 10)
+                .await
+            {
+                Ok(()) | Err(StoreError::LeaseLost) => {}
+                Err(e) => panic!("task {seq}: {e}"),
+            }
+        }
+    };
+    tokio::join!(completer, canceller, messenger);
+    let raw = db.raw().await;
+    let open = count_all(
+        &raw,
+        "SELECT count(*) FROM tasks WHERE status NOT IN ('completed', 'cancelled')",
+    )
+    .await;
+    assert_eq!(open, 0, "every task ends completed or cancelled");
+    let running = count_all(&raw, "SELECT count(*) FROM jobs WHERE state <> 'done'").await;
+    assert_eq!(running, 0, "every job ends done");
+    raw.close().await;
+}
+store_test!(
+    #[multi_thread]
+    issue26_writers_of_the_same_tasks_take_rows_in_one_order
+);
+
 /// SQLite only, on the real engine: every statement of the driver that
 /// joins a table to a JSON array (`json_each`: the grouped statements of
 /// the group commit, the retention rules) walks the array and looks each

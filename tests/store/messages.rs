@@ -216,3 +216,88 @@ async fn task_messages_ask_answer_round_trip(db: TestDb) {
     assert_eq!(db.store.task_message_get("r-3").await.unwrap(), None);
 }
 store_test!(task_messages_ask_answer_round_trip);
+
+/// Issue 26 (T-27 across processes): two requests of one task answered at
+/// the same moment from two connections, and the same request answered
+/// twice at once. The task goes back to working exactly when nothing is
+/// pending: whichever answer commits last sees the other (on PostgreSQL,
+/// with no lock around whole transactions, each answer locks the task
+/// before it counts what is pending); a request is answered once, the
+/// second answer to it finds it answered.
+async fn issue26_answers_at_the_same_moment_leave_nothing_pending(db: TestDb) {
+    const TASKS: usize = 24;
+    let ask = |task: usize, n: usize| TaskMessage {
+        request_id: format!("r-{task}-{n}"),
+        task_id: format!("t{task}"),
+        method: "elicitation/create".to_owned(),
+        params: r#"{"message":"name?"}"#.to_owned(),
+        response: None,
+    };
+    let mut seqs = Vec::new();
+    for task in 0..TASKS {
+        let row = db
+            .store
+            .task_create(&new_task(&format!("t{task}"), "alice"), Some(JOB), None, T0)
+            .await
+            .unwrap();
+        seqs.push(row.seq);
+    }
+    let claimed = db
+        .store
+        .job_claim_available(
+            "w1",
+            "lease-1",
+            &echo(TASKS as i64),
+            TASKS as i64,
+            LEASE_MS,
+            T0 + 1,
+        )
+        .await
+        .unwrap();
+    assert_eq!(claimed.len(), TASKS);
+    for (task, seq) in seqs.iter().enumerate() {
+        for n in 0..2 {
+            db.store
+                .task_message_ask(*seq, "lease-1", &ask(task, n), T0 + 2)
+                .await
+                .unwrap();
+        }
+    }
+    let store = &db.store;
+    let answer = |task: usize, n: usize| async move {
+        store
+            .task_message_answer(
+                &format!("r-{task}-{n}"),
+                "alice",
+                r#"{"action":"accept"}"#,
+                T0 + 3,
+            )
+            .await
+            .expect("an answer")
+    };
+    for task in 0..TASKS {
+        // Both requests at once, and the first of them a second time.
+        let (a, b, again) = tokio::join!(answer(task, 0), answer(task, 1), answer(task, 0));
+        assert_eq!(b, AnswerOutcome::Stored, "t{task}");
+        let mut firsts = [a, again];
+        firsts.sort_by_key(|o| o == &AnswerOutcome::Stored);
+        assert_eq!(
+            firsts,
+            [AnswerOutcome::Unknown, AnswerOutcome::Stored],
+            "t{task}: one of two answers to one request is stored"
+        );
+        let task_row = get(&db.store, &format!("t{task}")).await;
+        assert_eq!(task_row.status, TaskStatus::Working, "t{task}");
+        assert!(
+            db.store
+                .task_messages_pending(&format!("t{task}"))
+                .await
+                .unwrap()
+                .is_empty()
+        );
+    }
+}
+store_test!(
+    #[multi_thread]
+    issue26_answers_at_the_same_moment_leave_nothing_pending
+);

@@ -3,14 +3,82 @@
 //! schema and the driver must agree on, and what a database that cannot
 //! be opened says.
 
+use sqlx::{Connection, PgConnection};
+
 use super::*;
 
-/// The schema's feed trigger takes the same advisory lock as the driver's
-/// writes, so that feed ids become visible in id order.
+/// Issue 26: a transaction's status history, and with it its feed ids, is
+/// written as it commits (migration V14), under the feed lock the schema
+/// takes with the driver's key. A transaction that changed a task's status
+/// holds no advisory lock before its COMMIT, so another process's
+/// transaction on another task commits meanwhile (with a global lock held
+/// from the first change it would wait, then fail on its lock timeout),
+/// and the feed's ids follow the order of the commits, not of the changes.
 #[tokio::test]
-async fn schema_and_driver_share_the_feed_lock_key() {
+async fn issue26_feed_ids_are_drawn_at_commit() {
     run(Driver::Postgres, |db: TestDb| async move {
+        for task_id in ["first", "second"] {
+            db.store
+                .task_create(&new_task(task_id, "alice"), None, None, T0)
+                .await
+                .unwrap();
+        }
+        let url = db.location().to_string_lossy().into_owned();
+        let mut a = PgConnection::connect(&url).await.expect("connect");
+        let mut b = PgConnection::connect(&url).await.expect("connect");
+        // A bound on a wait that must not happen, so that a regression
+        // fails rather than hangs.
+        sqlx::query("SET lock_timeout = '30s'")
+            .execute(&mut b)
+            .await
+            .unwrap();
+        let mut first = a.begin().await.unwrap();
+        sqlx::query(
+            "UPDATE tasks SET status = 'input_required', updated_at = $1 WHERE task_id = 'first'",
+        )
+        .bind(T0 + 1)
+        .execute(&mut *first)
+        .await
+        .unwrap();
+        let held: i64 = sqlx::query_scalar(
+            "SELECT count(*) FROM pg_locks WHERE locktype = 'advisory' AND pid = pg_backend_pid()",
+        )
+        .fetch_one(&mut *first)
+        .await
+        .unwrap();
+        assert_eq!(held, 0, "an advisory lock is held before COMMIT");
+        let mut second = b.begin().await.unwrap();
+        sqlx::query(
+            "UPDATE tasks SET status = 'cancelled', updated_at = $1 WHERE task_id = 'second'",
+        )
+        .bind(T0 + 2)
+        .execute(&mut *second)
+        .await
+        .unwrap();
+        second
+            .commit()
+            .await
+            .expect("commits while the first transaction is open");
+        first.commit().await.unwrap();
+
         let raw = db.raw().await;
+        let feed: Vec<(String, String)> = raw
+            .rows(
+                "SELECT task_id, to_status FROM task_events ORDER BY id",
+                args![],
+            )
+            .await
+            .unwrap();
+        let feed: Vec<(&str, &str)> = feed.iter().map(|(t, s)| (&**t, &**s)).collect();
+        assert_eq!(
+            feed,
+            [
+                ("first", "working"),
+                ("second", "working"),
+                ("second", "cancelled"),
+                ("first", "input_required"),
+            ]
+        );
         let source: String = raw
             .scalar(
                 "SELECT prosrc FROM pg_proc WHERE proname = 'taskbroker_feed_order'",
@@ -26,6 +94,8 @@ async fn schema_and_driver_share_the_feed_lock_key() {
             "{source}"
         );
         raw.close().await;
+        a.close().await.unwrap();
+        b.close().await.unwrap();
     })
     .await;
 }

@@ -2,9 +2,10 @@
 //! completion and a claim one at a time, and creations and completions
 //! grouped (the two passes, the savepoints and the fan-out are shared:
 //! `taskbroker_storage::batch`).
-//! A batch that writes tasks takes the feed lock first (see `lock_feed`);
-//! the grouped statements read their rows from one JSON document with
-//! `jsonb_to_recordset`, or from arrays with `unnest`.
+//! The grouped statements read their rows from one JSON document with
+//! `jsonb_to_recordset`, or from arrays with `unnest`; a completion locks
+//! its jobs before its tasks, in the order of their keys (the crate doc's
+//! row order).
 
 use async_trait::async_trait;
 use serde_json::{Value, json};
@@ -15,7 +16,7 @@ use taskbroker_storage::{
     ClaimedJob, NewJob, NewTask, StoreError, TaskOutcome, TaskRow, ToolQuota, Write,
 };
 
-use crate::{PostgresStore, TOOL_LOCK_CLASS, lock_feed};
+use crate::{PostgresStore, TOOL_LOCK_CLASS};
 
 impl PostgresStore {
     /// A batch that is one claim of tools without a global limit, run as
@@ -66,21 +67,14 @@ impl PostgresStore {
 impl GroupCommit for PostgresStore {
     type Database = Postgres;
 
-    async fn begin_batch(
-        &self,
-        writes: &[Write],
-    ) -> Result<sqlx::Transaction<'static, Postgres>, StoreError> {
-        let mut tx = self.pool.begin().await?;
-        // Creations and completions write tasks (and the feed): the feed
-        // lock first. A batch of claims alone touches jobs only.
-        if writes.iter().any(|w| !matches!(w, Write::Claim { .. })) {
-            lock_feed(&mut tx).await?;
-        }
-        Ok(tx)
+    /// No lock first: the status history, and with it the feed order, is
+    /// written at commit (migration V14).
+    async fn begin_batch(&self) -> Result<sqlx::Transaction<'static, Postgres>, StoreError> {
+        Ok(self.pool.begin().await?)
     }
 
     /// The statements of one creation (`Write::Create`), inside the caller's
-    /// transaction (which holds the feed lock). The row as stored: the caller
+    /// transaction. The row as stored: the caller
     /// applies [`as_served`].
     async fn create_one(
         conn: &mut PgConnection,
@@ -164,7 +158,7 @@ impl GroupCommit for PostgresStore {
     }
 
     /// The statements of one completion (`Write::Complete`), inside the
-    /// caller's transaction (which holds the feed lock). `LeaseLost` (and
+    /// caller's transaction: the job, then the task. `LeaseLost` (and
     /// nothing written) when the token no longer holds the job.
     async fn complete_one(
         conn: &mut PgConnection,
@@ -393,6 +387,10 @@ impl GroupCommit for PostgresStore {
         leases: &[(i64, &str)],
         now: i64,
     ) -> Result<Vec<i64>, StoreError> {
+        // In the order of their keys, as a rescue locks expired jobs: two
+        // transactions never hold one each of the other's.
+        let mut leases = leases.to_vec();
+        leases.sort_unstable_by_key(|(seq, _)| *seq);
         let seqs: Vec<i64> = leases.iter().map(|(seq, _)| *seq).collect();
         let tokens: Vec<String> = leases.iter().map(|(_, t)| (*t).to_owned()).collect();
         Ok(sqlx::query_scalar!(

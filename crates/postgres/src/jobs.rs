@@ -5,7 +5,7 @@
 use async_trait::async_trait;
 use taskbroker_storage::*;
 
-use crate::{PostgresStore, begin_feed};
+use crate::PostgresStore;
 
 #[async_trait]
 impl JobStore for PostgresStore {
@@ -70,8 +70,8 @@ impl JobStore for PostgresStore {
         lease_token: &str,
         now: i64,
     ) -> Result<bool, StoreError> {
-        // A requeue may move the task (trigger jobs_requeued): feed lock.
-        let mut tx = begin_feed(&self.pool).await?;
+        // One statement (a requeue moves the task by trigger: the job's row,
+        // then the task's).
         let undone = sqlx::query!(
             "UPDATE jobs SET state = 'queued', attempt = attempt - 1, lease_owner = NULL,
                     lease_token = NULL, lease_expires_at = NULL, changed_at = $1,
@@ -81,9 +81,8 @@ impl JobStore for PostgresStore {
             task_seq,
             lease_token
         )
-        .execute(&mut *tx)
+        .execute(&self.pool)
         .await?;
-        tx.commit().await?;
         Ok(undone.rows_affected() == 1)
     }
 
@@ -111,7 +110,6 @@ impl JobStore for PostgresStore {
         lease_token: &str,
         now: i64,
     ) -> Result<bool, StoreError> {
-        let mut tx = begin_feed(&self.pool).await?;
         let requeued = sqlx::query_scalar!(
             r#"UPDATE jobs SET state = CASE WHEN cancel_requested = 1 THEN 'done' ELSE 'queued' END,
                     attempt = CASE WHEN cancel_requested = 1 THEN attempt ELSE attempt - 1 END,
@@ -126,9 +124,8 @@ impl JobStore for PostgresStore {
             task_seq,
             lease_token
         )
-        .fetch_optional(&mut *tx)
+        .fetch_optional(&self.pool)
         .await?;
-        tx.commit().await?;
         requeued.ok_or(StoreError::LeaseLost)
     }
 
@@ -141,8 +138,8 @@ impl JobStore for PostgresStore {
         backoff_ms: i64,
         now: i64,
     ) -> Result<RescueReport, StoreError> {
-        let mut tx = begin_feed(&self.pool).await?;
-        // The expired jobs, locked: a heartbeat racing the rescue waits,
+        let mut tx = self.pool.begin().await?;
+        // The expired jobs, locked in the order of their keys: a heartbeat racing the rescue waits,
         // then finds its lease gone; the three statements below see the
         // same jobs.
         let expired: Vec<i64> = sqlx::query_scalar!(

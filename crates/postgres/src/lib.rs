@@ -5,18 +5,26 @@
 //! results as the SQLite driver (the reference). Where SQLite has one
 //! writer, PostgreSQL has many, so three rules keep the SQLite behaviour:
 //!
-//! - **Feed lock.** Every transaction that may write `tasks` (and so
-//!   append to the change feed, `task_events` and `task_progress`) takes
-//!   the advisory lock [`FEED_LOCK_KEY`] first. Feed ids then become
-//!   visible in id order (the schema's `taskbroker_feed_order` triggers
-//!   take the same lock for any other writer), those transactions see one
-//!   another's commits as SQLite's single writer would, and none of them
-//!   waits for the lock while holding a row another one waits for.
+//! - **Feed order at commit.** Feed ids (`task_events`, `task_progress`)
+//!   are drawn under the advisory lock [`FEED_LOCK_KEY`], held until the
+//!   drawing transaction has committed, so they become visible in id order
+//!   (the schema's `taskbroker_feed_order` triggers). Status history is
+//!   written inside `COMMIT` (deferred triggers, migration V14): a
+//!   transaction holds the lock only while it commits, never across the
+//!   round trips of its statements, and no transaction of this driver
+//!   takes it itself.
+//! - **Rows in one order.** Without a lock around whole transactions, a
+//!   transaction that reads and then writes locks what it reads, and every
+//!   transaction takes its row locks in one order: a task's job, then its
+//!   pending requests, then the task (a completion's order), so two never
+//!   wait for each other in a cycle. A fenced write of a running task locks
+//!   its job's row first (`FOR SHARE`): a requeue or rescue of that job
+//!   then either comes before it (and the write finds its lease gone) or
+//!   after it.
 //! - **Claims skip, never wait.** The claim locks its candidate jobs with
 //!   `FOR UPDATE SKIP LOCKED`: claimers on many machines take disjoint jobs
-//!   without queueing behind one another. Claims, heartbeats and the close
-//!   of a cancelled job touch `jobs` only and take no feed lock; a claim
-//!   alone in its batch is one statement committed on its own.
+//!   without queueing behind one another. A claim alone in its batch is one
+//!   statement committed on its own.
 //! - **Global tool limits.** A claim that counts a tool's running jobs for
 //!   its limit across processes first takes that tool's advisory lock
 //!   (class [`TOOL_LOCK_CLASS`]), so two claimers never both see the same
@@ -52,8 +60,9 @@ use taskbroker_storage::{
 use tokio_util::sync::CancellationToken;
 
 /// The advisory lock (`pg_advisory_xact_lock(bigint)`) that orders the
-/// change feed: 0x74626b5f66656564, `tbk_feed` in ASCII. The same constant
-/// as in `migrations/postgres/V1__init.sql` (`taskbroker_feed_order`).
+/// change feed: 0x74626b5f66656564, `tbk_feed` in ASCII. The schema's
+/// triggers take it (`taskbroker_feed_order`, migration V1): an operator
+/// who takes it in psql holds every commit that writes the feed.
 pub const FEED_LOCK_KEY: i64 = 0x7462_6b5f_6665_6564;
 
 /// The advisory lock (`pg_advisory_lock(bigint)`, held for the session)
@@ -276,24 +285,6 @@ impl PostgresStore {
         }
         Ok(())
     }
-}
-
-/// Begin a transaction that may write `tasks`: its first statement takes
-/// the feed lock (see the crate doc).
-pub(crate) async fn begin_feed(
-    pool: &PgPool,
-) -> Result<sqlx::Transaction<'static, sqlx::Postgres>, StoreError> {
-    let mut tx = pool.begin().await?;
-    lock_feed(&mut tx).await?;
-    Ok(tx)
-}
-
-/// Take the feed lock in the caller's transaction (until it ends).
-pub(crate) async fn lock_feed(conn: &mut PgConnection) -> Result<(), StoreError> {
-    sqlx::query!("SELECT pg_advisory_xact_lock($1)", FEED_LOCK_KEY)
-        .execute(conn)
-        .await?;
-    Ok(())
 }
 
 #[async_trait]

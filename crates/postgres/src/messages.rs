@@ -4,7 +4,7 @@
 use async_trait::async_trait;
 use taskbroker_storage::*;
 
-use crate::{PostgresStore, begin_feed};
+use crate::PostgresStore;
 
 #[async_trait]
 impl MessageStore for PostgresStore {
@@ -17,36 +17,35 @@ impl MessageStore for PostgresStore {
         message: &TaskMessage,
         now: i64,
     ) -> Result<(), StoreError> {
-        let mut tx = begin_feed(&self.pool).await?;
+        // One statement: the job's row is locked first (FOR SHARE), then
+        // the task's; a requeue of the job either committed before (the
+        // lease is gone here) or waits for this one.
         let status_message = format!("waiting for the client to answer {}", message.method);
-        let moved = sqlx::query!(
-            "UPDATE tasks SET status = 'input_required', status_message = $1, updated_at = GREATEST(updated_at, $2)
-              WHERE seq = $3 AND status IN ('working', 'input_required')
-                AND EXISTS (SELECT 1 FROM jobs WHERE task_seq = $3 AND lease_token = $4 AND state = 'running')",
+        let asked = sqlx::query!(
+            "WITH lease AS (SELECT 1 FROM jobs
+                             WHERE task_seq = $3 AND lease_token = $4 AND state = 'running'
+                               FOR SHARE),
+                  moved AS (UPDATE tasks SET status = 'input_required', status_message = $1,
+                                   updated_at = GREATEST(updated_at, $2)
+                             WHERE seq = $3 AND status IN ('working', 'input_required')
+                               AND EXISTS (SELECT 1 FROM lease)
+                            RETURNING seq)
+             INSERT INTO task_messages (task_seq, task_id, request_id, method, params, created_at)
+             SELECT seq, $5, $6, $7, $8, $2 FROM moved",
             status_message,
             now,
             task_seq,
-            lease_token
-        )
-        .execute(&mut *tx)
-        .await?;
-        if moved.rows_affected() == 0 {
-            tx.rollback().await?;
-            return Err(StoreError::LeaseLost);
-        }
-        sqlx::query!(
-            "INSERT INTO task_messages (task_seq, task_id, request_id, method, params, created_at)
-             VALUES ($1, $2, $3, $4, $5, $6)",
-            task_seq,
+            lease_token,
             message.task_id,
             message.request_id,
             message.method,
             message.params,
-            now
         )
-        .execute(&mut *tx)
+        .execute(&self.pool)
         .await?;
-        tx.commit().await?;
+        if asked.rows_affected() == 0 {
+            return Err(StoreError::LeaseLost);
+        }
         Ok(())
     }
 
@@ -87,27 +86,31 @@ impl MessageStore for PostgresStore {
         response: &str,
         now: i64,
     ) -> Result<AnswerOutcome, StoreError> {
-        let mut tx = begin_feed(&self.pool).await?;
-        let found = sqlx::query_scalar!(
-            "SELECT m.task_seq FROM task_messages m JOIN tasks t ON t.seq = m.task_seq
-              WHERE m.request_id = $1 AND t.owner = $2 AND m.state = 'pending'",
+        // The request's row, then the task's (the crate doc's row order).
+        // A request answered or abandoned meanwhile is found so when its
+        // row is free, and is not answered twice.
+        let mut tx = self.pool.begin().await?;
+        let answered = sqlx::query_scalar!(
+            "UPDATE task_messages SET state = 'answered', response = $1, answered_at = $2
+              WHERE request_id = $3 AND state = 'pending'
+                AND task_seq IN (SELECT seq FROM tasks WHERE owner = $4)
+             RETURNING task_seq",
+            response,
+            now,
             request_id,
             owner
         )
         .fetch_optional(&mut *tx)
         .await?;
-        let Some(task_seq) = found else {
+        let Some(task_seq) = answered else {
             tx.rollback().await?;
             return Ok(AnswerOutcome::Unknown);
         };
-        sqlx::query!(
-            "UPDATE task_messages SET state = 'answered', response = $1, answered_at = $2 WHERE request_id = $3",
-            response,
-            now,
-            request_id
-        )
-        .execute(&mut *tx)
-        .await?;
+        // Locked before the requests are counted: the count then sees every
+        // answer to the task's other requests committed before this one.
+        sqlx::query!("SELECT seq FROM tasks WHERE seq = $1 FOR UPDATE", task_seq)
+            .fetch_optional(&mut *tx)
+            .await?;
         sqlx::query!(
             "UPDATE tasks SET status = 'working', status_message = 'the client answered; working',
                     updated_at = GREATEST(updated_at, $1)

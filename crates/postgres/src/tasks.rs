@@ -7,7 +7,7 @@ use taskbroker_storage::retention::PurgePlan;
 use taskbroker_storage::text::{self, TaskEventText, TaskText};
 use taskbroker_storage::*;
 
-use crate::{PostgresStore, begin_feed};
+use crate::PostgresStore;
 
 #[async_trait]
 impl TaskStore for PostgresStore {
@@ -83,7 +83,18 @@ impl TaskStore for PostgresStore {
         message: &str,
         now: i64,
     ) -> Result<CancelOutcome, StoreError> {
-        let mut tx = begin_feed(&self.pool).await?;
+        let mut tx = self.pool.begin().await?;
+        // The job's row before the task's, as a completion locks them (the
+        // crate doc's row order); then the task as it is now.
+        sqlx::query!(
+            "SELECT task_seq FROM jobs
+              WHERE task_seq = (SELECT seq FROM tasks WHERE task_id = $1 AND owner = $2)
+                FOR UPDATE",
+            task_id,
+            owner
+        )
+        .fetch_optional(&mut *tx)
+        .await?;
         let current = sqlx::query!(
             "SELECT seq, status, updated_at FROM tasks WHERE task_id = $1 AND owner = $2 FOR UPDATE",
             task_id,
@@ -135,25 +146,24 @@ impl TaskStore for PostgresStore {
         message: &str,
         now: i64,
     ) -> Result<(), StoreError> {
-        // Under the feed lock: the lease read below then sees every
-        // requeue committed before (as SQLite's single writer would).
-        let mut tx = begin_feed(&self.pool).await?;
+        // One statement: the job's row is locked first (FOR SHARE), so a
+        // requeue of the job either committed before (its lease is gone
+        // here) or waits for this one.
         let done = sqlx::query!(
-            "UPDATE tasks SET status_message = $1, updated_at = GREATEST(updated_at, $2)
+            "WITH lease AS (SELECT 1 FROM jobs WHERE task_seq = $3 AND lease_token = $4 FOR SHARE)
+             UPDATE tasks SET status_message = $1, updated_at = GREATEST(updated_at, $2)
               WHERE seq = $3 AND status IN ('working', 'input_required')
-                AND EXISTS (SELECT 1 FROM jobs WHERE task_seq = $3 AND lease_token = $4)",
+                AND EXISTS (SELECT 1 FROM lease)",
             message,
             now,
             task_seq,
             lease_token
         )
-        .execute(&mut *tx)
+        .execute(&self.pool)
         .await?;
         if done.rows_affected() == 0 {
-            tx.rollback().await?;
             return Err(StoreError::LeaseLost);
         }
-        tx.commit().await?;
         Ok(())
     }
 
@@ -169,11 +179,15 @@ impl TaskStore for PostgresStore {
         message: &str,
         now: i64,
     ) -> Result<(), StoreError> {
-        let mut tx = begin_feed(&self.pool).await?;
+        // The job's row, then the task's, then the progress row, whose
+        // insert takes the feed lock (held to the commit): it comes last,
+        // so no transaction holds the lock while it waits for a row.
+        let mut tx = self.pool.begin().await?;
         let done = sqlx::query!(
-            "UPDATE tasks SET status_message = $1, updated_at = GREATEST(updated_at, $2)
+            "WITH lease AS (SELECT 1 FROM jobs WHERE task_seq = $3 AND lease_token = $4 FOR SHARE)
+             UPDATE tasks SET status_message = $1, updated_at = GREATEST(updated_at, $2)
               WHERE seq = $3 AND status IN ('working', 'input_required')
-                AND EXISTS (SELECT 1 FROM jobs WHERE task_seq = $3 AND lease_token = $4)",
+                AND EXISTS (SELECT 1 FROM lease)",
             message,
             now,
             task_seq,
@@ -213,24 +227,51 @@ impl TaskStore for PostgresStore {
     /// to `limit` kept ones now due, in one transaction (their jobs and
     /// history go with them, by trigger).
     async fn task_purge(&self, now: i64, limit: i64) -> Result<PurgeReport, StoreError> {
-        // Under the feed lock: the purge deletes tasks then their jobs, the
-        // reverse of a completion's order, so the two must not overlap.
-        let mut tx = begin_feed(&self.pool).await?;
-        let rows = sqlx::query_as!(
-            RetentionCandidate,
-            r#"(SELECT seq AS "seq!", tool AS "tool!", status AS "status!",
-                       updated_at AS "updated_at!", keep_until, retain_completed_ms,
-                       retain_failed_ms, retain_cancelled_ms, archive AS "archive!"
-                  FROM tasks
+        // Deleting a task deletes its job and its requests (by trigger):
+        // their rows are locked first, in the crate doc's row order, then
+        // the tasks, read again under their locks (a purge beside this one
+        // has taken some of them, a completion has moved others).
+        let mut tx = self.pool.begin().await?;
+        let seqs = sqlx::query_scalar!(
+            r#"(SELECT seq AS "seq!" FROM tasks
                  WHERE expires_at IS NOT NULL AND expires_at <= $1 AND keep_until IS NULL
                  LIMIT $2)
                UNION ALL
-               (SELECT seq, tool, status, updated_at, keep_until, retain_completed_ms,
-                       retain_failed_ms, retain_cancelled_ms, archive
-                  FROM tasks WHERE keep_until IS NOT NULL AND keep_until <= $1
+               (SELECT seq FROM tasks WHERE keep_until IS NOT NULL AND keep_until <= $1
                  LIMIT $2)"#,
             now,
             limit
+        )
+        .fetch_all(&mut *tx)
+        .await?;
+        if seqs.is_empty() {
+            tx.rollback().await?;
+            return Ok(PurgeReport::default());
+        }
+        sqlx::query!(
+            "SELECT task_seq FROM jobs WHERE task_seq = ANY($1) ORDER BY task_seq FOR UPDATE",
+            &seqs
+        )
+        .fetch_all(&mut *tx)
+        .await?;
+        sqlx::query!(
+            "SELECT id FROM task_messages WHERE task_seq = ANY($1) AND state = 'pending'
+              ORDER BY id FOR UPDATE",
+            &seqs
+        )
+        .fetch_all(&mut *tx)
+        .await?;
+        let rows = sqlx::query_as!(
+            RetentionCandidate,
+            r#"SELECT seq, tool, status, updated_at, keep_until, retain_completed_ms,
+                      retain_failed_ms, retain_cancelled_ms, archive
+                 FROM tasks
+                WHERE seq = ANY($2)
+                  AND ((expires_at IS NOT NULL AND expires_at <= $1 AND keep_until IS NULL)
+                       OR (keep_until IS NOT NULL AND keep_until <= $1))
+                ORDER BY seq FOR UPDATE"#,
+            now,
+            &seqs
         )
         .fetch_all(&mut *tx)
         .await?;

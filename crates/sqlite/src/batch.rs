@@ -17,7 +17,7 @@ use sqlx::{Sqlite, SqliteConnection};
 use taskbroker_storage::batch::{GroupCommit, GroupedJob};
 use taskbroker_storage::text::{self, TaskText};
 use taskbroker_storage::{
-    ClaimedJob, NewJob, NewTask, StoreError, TaskOutcome, TaskRow, ToolQuota, Write,
+    ClaimedJob, NewJob, NewTask, StoreError, TaskOutcome, TaskRow, ToolQuota,
 };
 
 use crate::tasks::task_by_seq;
@@ -27,10 +27,7 @@ use crate::{BEGIN_IMMEDIATE, SqliteStore};
 impl GroupCommit for SqliteStore {
     type Database = Sqlite;
 
-    async fn begin_batch(
-        &self,
-        _writes: &[Write],
-    ) -> Result<sqlx::Transaction<'static, Sqlite>, StoreError> {
+    async fn begin_batch(&self) -> Result<sqlx::Transaction<'static, Sqlite>, StoreError> {
         Ok(self.write.begin_with(BEGIN_IMMEDIATE).await?)
     }
 

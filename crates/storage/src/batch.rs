@@ -53,12 +53,9 @@ pub trait GroupCommit: Sync {
     type Database: sqlx::Database;
 
     /// Open the batch's transaction, taking whatever lock the driver's
-    /// writes need (SQLite `BEGIN IMMEDIATE`; PostgreSQL the feed lock
-    /// when the batch writes tasks).
-    async fn begin_batch(
-        &self,
-        writes: &[Write],
-    ) -> Result<sqlx::Transaction<'static, Self::Database>, StoreError>;
+    /// writes need (SQLite `BEGIN IMMEDIATE`; PostgreSQL none: its rows
+    /// are locked as they are written).
+    async fn begin_batch(&self) -> Result<sqlx::Transaction<'static, Self::Database>, StoreError>;
 
     /// One creation, as `TaskStore::task_create` does it.
     async fn create_one(
@@ -167,7 +164,7 @@ async fn run_batch<D: GroupCommit>(
     now: i64,
     grouped: bool,
 ) -> Result<Vec<Done>, StoreError> {
-    let mut tx = driver.begin_batch(writes).await?;
+    let mut tx = driver.begin_batch().await?;
     let done = if grouped {
         grouped_writes::<D>(&mut tx, writes, now).await?
     } else {
