@@ -568,14 +568,17 @@ async fn worker_processes_read_the_feed_per_second_not_per_commit(driver: Driver
         reads <= bound,
         "worker feeds read {reads} times in {seconds:.1} s (bound {bound})"
     );
-    // The claim herd: a queued job wakes the idle workers, and each one
-    // that acts costs a claim statement, or a look and maybe a claim. At
-    // most 1.5 per task (measured: about 1.0 on PostgreSQL, which claims
-    // without looking, and 0.7-1.0 on SQLite; 1.7 on PostgreSQL when it
-    // looked first).
+    // The claim herd: a commit that queued jobs wakes every idle worker,
+    // and each one costs a claim statement, or a look and maybe a claim.
+    // At most 2 per task. Measured on PostgreSQL, which claims without
+    // looking: about 1.0 while a completion took four round trips, 1.2-1.45
+    // since it takes one (the workers are idle more often when a creation
+    // commits); 1.7 when it looked first. SQLite 0.7-1.0. Every commit
+    // waking every worker (completions too) would be about 2.7: 4 workers
+    // for each of about 2 commits per 3 tasks.
     assert!(
-        per_task(claims + looks) <= 1.5,
-        "{claims} claims and {looks} looks for 400 tasks: more than 1.5 per task"
+        per_task(claims + looks) <= 2.0,
+        "{claims} claims and {looks} looks for 400 tasks: more than 2 per task"
     );
 }
 both_drivers!(worker_processes_read_the_feed_per_second_not_per_commit);

@@ -153,6 +153,94 @@ async fn write_batch_failing_write_fails_alone(db: TestDb) {
 }
 store_test!(write_batch_failing_write_fails_alone);
 
+/// A batch of completions only (on PostgreSQL one statement committed on
+/// its own): each completion answers as it would alone: the lease holds
+/// and the task takes its outcome; the lease is lost (nothing written for
+/// it); the task was cancelled meanwhile (its job closes, the task keeps
+/// its cancel). And a batch of creations only where one creation fails
+/// (on PostgreSQL the one statement fails whole and the general way tells
+/// each creation its own answer): the others are created, with their jobs.
+async fn write_batch_of_one_kind_answers_each_write(db: TestDb) {
+    let raw = db.raw().await;
+    for id in ["ok", "lost", "cancelled"] {
+        db.store
+            .task_create(&new_task(id, "alice"), Some(JOB), None, T0)
+            .await
+            .unwrap();
+    }
+    let mut claimed = db
+        .store
+        .job_claim_available("w1", "lease-1", &echo(3), 3, LEASE_MS, T0 + 1)
+        .await
+        .unwrap();
+    claimed.sort_by_key(|j| j.task_seq);
+    let seq = |id: &str| {
+        claimed
+            .iter()
+            .find(|j| j.task_id == id)
+            .map(|j| j.task_seq)
+            .unwrap()
+    };
+    db.store
+        .task_cancel("cancelled", "alice", "stop", T0 + 2)
+        .await
+        .unwrap();
+    let ops = vec![
+        complete_op(seq("cancelled"), "lease-1", completed_outcome()),
+        complete_op(seq("ok"), "lease-1", completed_outcome()),
+        complete_op(seq("lost"), "not-the-lease", completed_outcome()),
+    ];
+    let mut done = db
+        .store
+        .write_batch(&ops, T0 + 3)
+        .await
+        .unwrap()
+        .into_iter();
+    assert!(
+        !completed(done.next().unwrap()).unwrap(),
+        "already cancelled"
+    );
+    assert!(completed(done.next().unwrap()).unwrap());
+    assert_lease_lost(completed(done.next().unwrap()));
+    assert_eq!(get(&db.store, "ok").await.status, TaskStatus::Completed);
+    assert_eq!(get(&db.store, "lost").await.status, TaskStatus::Working);
+    assert_eq!(
+        transitions(&raw, "cancelled").await,
+        vec![tr(None, "working"), tr(Some("working"), "cancelled")]
+    );
+    assert_eq!(job(&raw, seq("ok")).await.unwrap().state, "done");
+    assert_eq!(job(&raw, seq("lost")).await.unwrap().state, "running");
+    assert_eq!(job(&raw, seq("cancelled")).await.unwrap().state, "done");
+
+    let bad = NewTask {
+        arguments: "not json".to_owned(),
+        ..new_task("bad", "alice")
+    };
+    let ops = vec![
+        create_op(new_task("n1", "bob"), Some(JOB), None),
+        create_op(bad, Some(JOB), None),
+        create_op(new_task("n2", "bob"), Some(JOB), None),
+    ];
+    let mut done = db
+        .store
+        .write_batch(&ops, T0 + 4)
+        .await
+        .unwrap()
+        .into_iter();
+    let n1 = created(done.next().unwrap()).unwrap();
+    assert!(created(done.next().unwrap()).is_err());
+    let n2 = created(done.next().unwrap()).unwrap();
+    assert_eq!(n1.status_message.as_deref(), Some("queued"));
+    assert!(job(&raw, n1.seq).await.is_some());
+    assert!(job(&raw, n2.seq).await.is_some());
+    assert_eq!(
+        count_all(&raw, "SELECT count(*) FROM tasks WHERE task_id = 'bad'").await,
+        0
+    );
+    raw.close().await;
+}
+store_test!(write_batch_of_one_kind_answers_each_write);
+
 /// The same job completed twice in one batch: the first holds the lease,
 /// the second is fenced out.
 async fn write_batch_same_job_twice_second_is_fenced(db: TestDb) {

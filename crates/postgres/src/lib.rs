@@ -3,7 +3,8 @@
 //!
 //! One database for brokers and workers on many machines, with the same
 //! results as the SQLite driver (the reference). Where SQLite has one
-//! writer, PostgreSQL has many, so three rules keep the SQLite behaviour:
+//! writer, PostgreSQL has many; these rules keep the SQLite behaviour and
+//! spare round trips:
 //!
 //! - **Feed order at commit.** Feed ids (`task_events`, `task_progress`)
 //!   are drawn under the advisory lock [`FEED_LOCK_KEY`], held until the
@@ -23,8 +24,13 @@
 //!   after it.
 //! - **Claims skip, never wait.** The claim locks its candidate jobs with
 //!   `FOR UPDATE SKIP LOCKED`: claimers on many machines take disjoint jobs
-//!   without queueing behind one another. A claim alone in its batch is one
-//!   statement committed on its own.
+//!   without queueing behind one another.
+//! - **One statement where one will do.** A batch of one claim, of
+//!   creations only or of completions only is one statement committed on
+//!   its own (`batch.rs`): one round trip, where `BEGIN`, the statements
+//!   and `COMMIT` took three or four. So are the fenced writes of a
+//!   running task (a status message, a question to its client) and the
+//!   release of a job.
 //! - **Global tool limits.** A claim that counts a tool's running jobs for
 //!   its limit across processes first takes that tool's advisory lock
 //!   (class [`TOOL_LOCK_CLASS`]), so two claimers never both see the same
@@ -311,6 +317,20 @@ impl Storage for PostgresStore {
     ) -> Result<Vec<Result<Written, StoreError>>, StoreError> {
         if let Some(claimed) = self.claim_alone(writes, now).await {
             return Ok(vec![Ok(Written::Claimed(claimed?))]);
+        }
+        // A batch of creations only, or of completions only: one statement.
+        // Should it fail, nothing was written, and the general way tells
+        // each write's own error.
+        let alone = match self.create_alone(writes, now).await {
+            Some(done) => Some(done),
+            None => self.complete_alone(writes, now).await,
+        };
+        match alone {
+            Some(Ok(done)) => return Ok(done),
+            Some(Err(e)) => {
+                tracing::debug!(error = %e, writes = writes.len(), "one-statement batch failed; the general way");
+            }
+            None => {}
         }
         taskbroker_storage::batch::write_batch(self, writes, now).await
     }
