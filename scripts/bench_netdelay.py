@@ -35,6 +35,7 @@ SHAPES = [(1, 1), (1, 4), (3, 1), (3, 4)]
 def main() -> int:
     ap = argparse.ArgumentParser()
     ap.add_argument("--bin", required=True)
+    ap.add_argument("--base", help="a baseline binary, run alternately in the same rounds")
     ap.add_argument("--proxy", required=True, help="the delay_proxy executable")
     ap.add_argument("--rtt-ms", default="0.5,2")
     ap.add_argument("--rounds", type=int, default=3)
@@ -48,6 +49,7 @@ def main() -> int:
     user = pg.split("://", 1)[1].rsplit("@", 1)[0]
     work = tempfile.mkdtemp(prefix="tb-netdelay-")
     rows, counts = [], {}
+    bins = [("new", args.bin)] + ([("base", args.base)] if args.base else [])
     try:
         for rtt in [float(x) for x in args.rtt_ms.split(",")]:
             proxy = subprocess.Popen(
@@ -60,56 +62,76 @@ def main() -> int:
                 via = f"postgres://{user}@127.0.0.1:{port}"
                 for r in range(args.rounds):
                     for brokers, workers in (SHAPES if r % 2 == 0 else list(reversed(SHAPES))):
-                        m = measure(args.bin, "postgres", workers, brokers, args, work, pg_via=via)
-                        row = dict(m, rtt_ms=rtt, brokers=brokers, workers=workers, round=r)
-                        rows.append(row)
-                        print(json.dumps(row), flush=True)
+                        for label, binary in (bins if r % 2 == 0 else list(reversed(bins))):
+                            m = measure(binary, "postgres", workers, brokers, args, work, pg_via=via)
+                            row = dict(m, bin=label, rtt_ms=rtt, brokers=brokers, workers=workers, round=r)
+                            rows.append(row)
+                            print(json.dumps(row), flush=True)
                 for brokers, workers in SHAPES:
-                    c = count_statements(args.bin, "postgres", workers, args, work, brokers=brokers, pg_via=via)
-                    counts[(rtt, brokers, workers)] = c
-                    print(json.dumps(dict(c, rtt_ms=rtt, brokers=brokers, workers=workers, count=True)), flush=True)
+                    for label, binary in bins:
+                        c = count_statements(binary, "postgres", workers, args, work, brokers=brokers, pg_via=via)
+                        counts[(label, rtt, brokers, workers)] = c
+                        print(json.dumps(dict(c, bin=label, rtt_ms=rtt, brokers=brokers, workers=workers,
+                                              count=True)), flush=True)
             finally:
                 proxy.kill()
                 proxy.wait()
     finally:
         shutil.rmtree(work, ignore_errors=True)
-    table = report(rows, counts, args)
+    table = report(rows, counts, bins, args)
     print(table)
     if args.out:
         write_block(args.out, "netdelay", "PostgreSQL across a network round trip (issue 26)", table)
     return 0 if all(r["errors"] == 0 for r in rows) else 1
 
 
-def report(rows, counts, args) -> str:
-    def pick(rtt, b, w, key):
-        v = [r[key] for r in rows if (r["rtt_ms"], r["brokers"], r["workers"]) == (rtt, b, w)]
+def report(rows, counts, bins, args) -> str:
+    def pick(label, rtt, b, w, key):
+        v = [r[key] for r in rows if (r["bin"], r["rtt_ms"], r["brokers"], r["workers"]) == (label, rtt, b, w)]
         return statistics.median(v), min(v), max(v)
+
+    def ratios(rtt, b, w):
+        """Round by round, new / base tasks/s: median (min-max)."""
+        pairs = {}
+        for r in rows:
+            if (r["rtt_ms"], r["brokers"], r["workers"]) == (rtt, b, w):
+                pairs.setdefault(r["round"], {})[r["bin"]] = r["tasks_per_s"]
+        v = [p["new"] / p["base"] for p in pairs.values() if "new" in p and p.get("base")]
+        return f"{statistics.median(v):.2f} ({min(v):.2f}-{max(v):.2f})" if v else ""
 
     commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True).stdout.strip()
     errors = sum(r["errors"] for r in rows)
+    paired = len(bins) > 1
     lines = [
         f"Measured by `scripts/bench-netdelay` at commit `{commit}`: {os.cpu_count()} cores, release build, "
         "PostgreSQL on the same machine reached through a relay that delays each direction by half the "
         f"round-trip time (this kernel has no `netem`); `serve --workers 0` + `worker --concurrency 8`, "
         f"{args.clients} clients split over the brokers, {args.tasks} `sleep 0` tasks per run, median of "
         f"{args.rounds} runs (min-max); errors in all runs: {errors}. Round trips per task are the statements "
-        "of the sqlx log (one round trip each), by the process that ran them.",
+        "of the sqlx log (one round trip each), by the process that ran them"
+        + ("; `base` is the baseline build, run alternately in the same rounds (new / base taken round by round)."
+           if paired else "."),
         "",
-        "| round trip | brokers | workers | tasks/s | vs 1 broker + 1 worker | p50 ms | p99 ms | CPU ms/task | round trips/task: broker (create, result) | workers (claim, run, complete) |",
-        "| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |",
+        "| round trip | brokers | workers | binary | tasks/s | vs 1 broker + 1 worker |"
+        + (" new / base |" if paired else "")
+        + " p50 ms | p99 ms | CPU ms/task | round trips/task: broker (create, result) | workers (claim, run, complete) |",
     ]
+    lines.append("|" + " --- |" * (lines[-1].count("|") - 1))
     for rtt in sorted({r["rtt_ms"] for r in rows}):
-        base = pick(rtt, 1, 1, "tasks_per_s")[0]
         for b, w in SHAPES:
-            tps = pick(rtt, b, w, "tasks_per_s")
-            c = counts.get((rtt, b, w), {})
-            lines.append(
-                f"| {rtt:g} ms | {b} | {w} | {tps[0]:.0f} ({tps[1]:.0f}-{tps[2]:.0f}) | {tps[0] / base:.2f} | "
-                f"{pick(rtt, b, w, 'p50_ms')[0]:.1f} | {pick(rtt, b, w, 'p99_ms')[0]:.1f} | "
-                f"{pick(rtt, b, w, 'cpu_ms_per_task')[0]:.2f} | {c.get('broker', float('nan')):.1f} | "
-                f"{c.get('worker', float('nan')):.1f} |"
-            )
-    lines += ["", "Command: `scripts/bench-netdelay` (`--quick` for a short smoke run)."]
+            for label, _ in bins:
+                base = pick(label, rtt, 1, 1, "tasks_per_s")[0]
+                tps = pick(label, rtt, b, w, "tasks_per_s")
+                c = counts.get((label, rtt, b, w), {})
+                lines.append(
+                    f"| {rtt:g} ms | {b} | {w} | {label} | {tps[0]:.0f} ({tps[1]:.0f}-{tps[2]:.0f}) | "
+                    f"{tps[0] / base:.2f} |"
+                    + (f" {ratios(rtt, b, w) if label == 'new' else ''} |" if paired else "")
+                    + f" {pick(label, rtt, b, w, 'p50_ms')[0]:.1f} | {pick(label, rtt, b, w, 'p99_ms')[0]:.1f} | "
+                    f"{pick(label, rtt, b, w, 'cpu_ms_per_task')[0]:.2f} | {c.get('broker', float('nan')):.1f} | "
+                    f"{c.get('worker', float('nan')):.1f} |"
+                )
+    lines += ["", "Command: `scripts/bench-netdelay` (`--quick` for a short smoke run, `--base REV` for a baseline)."]
     return "\n".join(lines)
 
 
