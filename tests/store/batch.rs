@@ -456,29 +456,7 @@ store_test!(a_claim_says_when_each_job_became_runnable);
 /// terminal with its job done.
 async fn issue26_writers_of_the_same_tasks_take_rows_in_one_order(db: TestDb) {
     const TASKS: usize = 96;
-    for i in 0..TASKS {
-        db.store
-            .task_create(&new_task(&format!("t{i}"), "alice"), Some(JOB), None, T0)
-            .await
-            .unwrap();
-    }
-    let mut seqs: Vec<i64> = db
-        .store
-        .job_claim_available(
-            "w1",
-            "lease-1",
-            &echo(TASKS as i64),
-            TASKS as i64,
-            LEASE_MS,
-            T0 + 1,
-        )
-        .await
-        .unwrap()
-        .iter()
-        .map(|j| j.task_seq)
-        .collect();
-    assert_eq!(seqs.len(), TASKS);
-    seqs.sort_unstable();
+    let seqs = running_tasks(&db.store, TASKS).await;
     let store = &db.store;
     let completer = async {
         for chunk in seqs.iter().rev().collect::<Vec<_>>().chunks(8) {

@@ -574,6 +574,28 @@ async fn claim_one(store: &Store, worker: &str, token: &str, now: i64) -> Claime
     jobs.pop().expect("one job")
 }
 
+/// `n` running tasks of alice, `t0` to `t{n-1}`, their jobs claimed by
+/// `w1` with lease `lease-1`; their seqs in order.
+async fn running_tasks(store: &Store, n: usize) -> Vec<i64> {
+    for i in 0..n {
+        store
+            .task_create(&new_task(&format!("t{i}"), "alice"), Some(JOB), None, T0)
+            .await
+            .unwrap();
+    }
+    let limit = i64::try_from(n).unwrap();
+    let mut seqs: Vec<i64> = store
+        .job_claim_available("w1", "lease-1", &echo(limit), limit, LEASE_MS, T0 + 1)
+        .await
+        .unwrap()
+        .iter()
+        .map(|j| j.task_seq)
+        .collect();
+    assert_eq!(seqs.len(), n);
+    seqs.sort_unstable();
+    seqs
+}
+
 #[track_caller]
 fn assert_lease_lost<T: std::fmt::Debug>(result: Result<T, StoreError>) {
     match result {

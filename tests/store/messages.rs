@@ -233,28 +233,7 @@ async fn issue26_answers_at_the_same_moment_leave_nothing_pending(db: TestDb) {
         params: r#"{"message":"name?"}"#.to_owned(),
         response: None,
     };
-    let mut seqs = Vec::new();
-    for task in 0..TASKS {
-        let row = db
-            .store
-            .task_create(&new_task(&format!("t{task}"), "alice"), Some(JOB), None, T0)
-            .await
-            .unwrap();
-        seqs.push(row.seq);
-    }
-    let claimed = db
-        .store
-        .job_claim_available(
-            "w1",
-            "lease-1",
-            &echo(TASKS as i64),
-            TASKS as i64,
-            LEASE_MS,
-            T0 + 1,
-        )
-        .await
-        .unwrap();
-    assert_eq!(claimed.len(), TASKS);
+    let seqs = running_tasks(&db.store, TASKS).await;
     for (task, seq) in seqs.iter().enumerate() {
         for n in 0..2 {
             db.store
