@@ -139,7 +139,8 @@ impl JobStore for PostgresStore {
         now: i64,
     ) -> Result<RescueReport, StoreError> {
         let mut tx = self.pool.begin().await?;
-        // The expired jobs, locked in the order of their keys: a heartbeat racing the rescue waits,
+        // The expired jobs, locked in the order of their keys (as a
+        // completion locks its jobs): a heartbeat racing the rescue waits,
         // then finds its lease gone; the three statements below see the
         // same jobs.
         let expired: Vec<i64> = sqlx::query_scalar!(
