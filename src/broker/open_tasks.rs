@@ -1,64 +1,70 @@
 //! The limit of open tasks per requestor (T-38) without a count query per
 //! creation. Only creations raise an owner's open count, and they pass
-//! here, so "the count when last read + the creations since" is an upper
-//! bound: while it stays under the limit a creation needs no query; when
-//! it reaches the limit the count is read again (finished tasks drop out).
+//! here, so after a count an owner may make some creations before the next
+//! one: the headroom (the limit less the count) when this process makes
+//! every creation, since "the count + the creations since" is an upper
+//! bound; when that allowance is spent the count is read again (finished
+//! tasks drop out).
 //!
-//! That holds only while this process makes every creation. On a database
-//! that brokers on many machines share (PostgreSQL), others create too, so
-//! there every creation counts.
+//! On a database that brokers on many machines share (PostgreSQL), others
+//! create too: there a process takes only a share of the headroom,
+//! [`SHARED_SHARE`]th of it, before it counts again. Near the limit the
+//! share is one creation, so every creation counts; far from it a count is
+//! read every few thousand creations instead of at each. Up to
+//! [`SHARED_SHARE`] brokers together stay within the headroom they counted.
 
 use std::collections::HashMap;
 use std::sync::Mutex;
 
-/// Owners remembered at most; beyond, the bounds are forgotten (each is
-/// read again on its owner's next creation).
+/// Owners remembered at most; beyond, the allowances are forgotten (each
+/// is read again on its owner's next creation).
 const MAX_OWNERS: usize = 10_000;
 
-/// Upper bounds of open tasks, per owner.
+/// On a shared database, the part of the headroom one process may take
+/// between counts (one sixteenth).
+pub(super) const SHARED_SHARE: i64 = 16;
+
+/// Creations an owner may still make before the next count, per owner.
 #[derive(Debug)]
 pub(super) struct OpenTasks {
     limit: i64,
-    /// Other processes create tasks in the same database: never trust a
-    /// bound, always count.
-    shared: bool,
-    bounds: Mutex<HashMap<String, i64>>,
+    /// How many processes may share the headroom: 1 alone,
+    /// [`SHARED_SHARE`] on a shared database.
+    share: i64,
+    allowances: Mutex<HashMap<String, i64>>,
 }
 
 impl OpenTasks {
+    /// `shared`: other processes create tasks in the same database.
     pub(super) fn new(limit: i64, shared: bool) -> Self {
         Self {
             limit,
-            shared,
-            bounds: Mutex::new(HashMap::new()),
+            share: if shared { SHARED_SHARE } else { 1 },
+            allowances: Mutex::new(HashMap::new()),
         }
     }
 
-    /// Take a slot if the bound says one is free; false means: count.
+    /// Take a creation from the owner's allowance; false means: count.
     pub(super) fn try_reserve(&self, owner: &str) -> bool {
-        if self.shared {
-            return false;
-        }
-        let mut bounds = self.bounds.lock().unwrap_or_else(|e| e.into_inner());
-        match bounds.get_mut(owner) {
-            Some(bound) if *bound < self.limit => {
-                *bound += 1;
+        let mut allowances = self.allowances.lock().unwrap_or_else(|e| e.into_inner());
+        match allowances.get_mut(owner) {
+            Some(left) if *left > 0 => {
+                *left -= 1;
                 true
             }
             _ => false,
         }
     }
 
-    /// `open` was just counted and is under the limit: take a slot.
+    /// `open` was just counted and is under the limit: take a creation, and
+    /// set what is left of the owner's allowance.
     pub(super) fn reserve_counted(&self, owner: &str, open: i64) {
-        if self.shared {
-            return;
+        let left = (self.limit - open) / self.share - 1;
+        let mut allowances = self.allowances.lock().unwrap_or_else(|e| e.into_inner());
+        if allowances.len() >= MAX_OWNERS && !allowances.contains_key(owner) {
+            allowances.clear();
         }
-        let mut bounds = self.bounds.lock().unwrap_or_else(|e| e.into_inner());
-        if bounds.len() >= MAX_OWNERS && !bounds.contains_key(owner) {
-            bounds.clear();
-        }
-        bounds.insert(owner.to_owned(), open + 1);
+        allowances.insert(owner.to_owned(), left);
     }
 }
 
@@ -67,24 +73,49 @@ mod tests {
     use super::*;
 
     #[test]
-    fn t38_bound_counts_creations_until_the_limit() {
+    fn t38_alone_counts_again_when_the_headroom_is_spent() {
         let open = OpenTasks::new(3, false);
         assert!(!open.try_reserve("a"), "unknown owner: count first");
         open.reserve_counted("a", 1);
         assert!(open.try_reserve("a"));
         assert!(
             !open.try_reserve("a"),
-            "bound reached the limit: count again"
+            "count + creations reached the limit: count again"
         );
         open.reserve_counted("a", 0);
         assert!(open.try_reserve("a"));
+        assert!(open.try_reserve("a"));
+        assert!(!open.try_reserve("a"));
         assert!(!open.try_reserve("b"));
     }
 
     #[test]
-    fn t38_shared_database_counts_every_creation() {
+    fn t38_shared_database_takes_a_share_of_the_headroom() {
         let open = OpenTasks::new(3, true);
         open.reserve_counted("a", 0);
-        assert!(!open.try_reserve("a"), "other brokers create too: count");
+        assert!(
+            !open.try_reserve("a"),
+            "near the limit every creation counts"
+        );
+
+        let limit = 100_000;
+        let open = OpenTasks::new(limit, true);
+        open.reserve_counted("a", 0);
+        let mut made = 1;
+        while open.try_reserve("a") {
+            made += 1;
+        }
+        assert_eq!(
+            made,
+            limit / SHARED_SHARE,
+            "one share of the headroom, then count"
+        );
+        // Sixteen brokers that each counted the same headroom stay within it.
+        assert!(made * SHARED_SHARE <= limit);
+        open.reserve_counted("a", limit - SHARED_SHARE);
+        assert!(
+            !open.try_reserve("a"),
+            "one share left: count at each creation"
+        );
     }
 }
