@@ -645,6 +645,45 @@ async fn progress_of_a_worker_process_reaches_the_client_and_is_read_only_when_w
 }
 both_drivers!(progress_of_a_worker_process_reaches_the_client_and_is_read_only_when_written);
 
+/// Issue 26: a PostgreSQL broker reads its change feed once per commit
+/// that notified, its own commits included, and not a second time after
+/// its own (its listener hears them as it hears the others'). One client
+/// runs 50 `sleep 0` tasks one after the other on a worker process: each
+/// task is two commits of status history (the broker's creation, the
+/// worker's completion), so at most 2 reads per task and a few more (the
+/// listener's reconnections, the catch-up ticks after a missed
+/// notification); kicking the tailer after its own creation too read about
+/// 3 per task. (SQLite has no notifications: its broker reads after its
+/// own commits and when the file says another process wrote.)
+#[tokio::test]
+async fn postgres_broker_reads_its_feed_once_per_commit() {
+    if !common::pg::available() {
+        return;
+    }
+    let server = Server::start_with_config_on_env(
+        Driver::Postgres,
+        "",
+        &["--workers", "0"],
+        &[("RUST_LOG", "info,sqlx::query=debug")],
+    );
+    let _worker = WorkerProc::start(&server, 0, &["--concurrency", "8"]);
+    let feed_reads = |log: &str| {
+        log.lines()
+            .filter(|l| l.contains("sqlx::query") && l.contains("FROM task_events e JOIN"))
+            .count()
+    };
+    // The worker is up and the first task done before counting.
+    sleep_zero_tasks(&server, 1, 1).await;
+    let before = feed_reads(&server.log());
+    sleep_zero_tasks(&server, 1, 50).await;
+    let reads = feed_reads(&server.log()) - before;
+    eprintln!("50 tasks one after the other; the broker read its feed {reads} times");
+    assert!(
+        reads <= 2 * 50 + 10,
+        "the feed read {reads} times for 50 tasks of 2 commits each"
+    );
+}
+
 /// Issue 23: brokers, workers and `taskbroker migrate` started at once on a
 /// new database all come up: the loser of a migration race retries until
 /// the winner is done, and a worker that finds no schema yet (or one being

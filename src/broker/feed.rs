@@ -5,8 +5,9 @@
 //! The tailer reads through the storage driver's [`ChangeFeed`]: it wakes
 //! on a tick, when the driver says another process committed a change of
 //! the feed's interest, or at once when this process kicks it after a write
-//! of its own; and it reads rows only when the feed's version says something
-//! committed.
+//! of its own (unless the driver hears this process's commits as it hears
+//! the others': then one wake per commit); and it reads rows only when the
+//! feed's version says something committed.
 //!
 //! A server's feed follows every change (its clients wait on any task). A
 //! worker process's feed follows only cancellations and answers (what its
@@ -76,6 +77,9 @@ pub struct Feed {
     store: Arc<OnceLock<Store>>,
     /// What wakes the tailer (set when it starts).
     interest: Arc<OnceLock<FeedInterest>>,
+    /// The driver does not hear this process's own commits, so kicks wake
+    /// the tailer (set when it starts).
+    kicks_wake: Arc<OnceLock<bool>>,
     /// Counts the signals heard that a job became claimable (any process:
     /// a new task, or one given back or rescued).
     queued: watch::Sender<u64>,
@@ -93,6 +97,7 @@ impl Feed {
             progress_kicked: Arc::default(),
             store: Arc::new(OnceLock::new()),
             interest: Arc::new(OnceLock::new()),
+            kicks_wake: Arc::new(OnceLock::new()),
             queued: watch::Sender::new(0),
         }
     }
@@ -145,14 +150,24 @@ impl Feed {
     /// maybe (a server's tailer reads it at once for its waiters), and the
     /// processes that follow every change.
     pub fn kick(&self) {
-        self.progress_kicked.store(true, Ordering::Release);
+        if self.kicks_wake() {
+            self.progress_kicked.store(true, Ordering::Release);
+        }
         self.kick_statuses();
+    }
+
+    /// Whether a kick wakes the tailer: not on a feed that follows only
+    /// cancels and answers, nor where the driver hears this process's
+    /// commits itself (the kick would read the same commit again).
+    fn kicks_wake(&self) -> bool {
+        self.interest.get() != Some(&FeedInterest::Control)
+            && self.kicks_wake.get().copied().unwrap_or(true)
     }
 
     /// [`Feed::kick`] after a commit that wrote no progress (statuses,
     /// jobs): the tailer reads progress only if the store says some came.
     pub fn kick_statuses(&self) {
-        if self.interest.get() != Some(&FeedInterest::Control) {
+        if self.kicks_wake() {
             self.kick.notify_one();
         }
         self.announce(Signal::Changed);
@@ -211,6 +226,7 @@ impl Feed {
         let mut version = changes.version().await?;
         let _ = self.store.set(store);
         let _ = self.interest.set(interest);
+        let _ = self.kicks_wake.set(!changes.hears_own_commits());
         let control_only = interest == FeedInterest::Control;
         // Claim signals: counted for the pool.
         let queued = changes.queued();

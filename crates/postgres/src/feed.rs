@@ -205,6 +205,10 @@ impl ChangeFeed for PgFeed {
         Ok(self.version.load(Ordering::Acquire))
     }
 
+    fn hears_own_commits(&self) -> bool {
+        true
+    }
+
     fn progress_may_have_changed(&mut self) -> bool {
         let heard = self.progress_version.load(Ordering::Acquire);
         let changed = heard != self.progress_read_at;

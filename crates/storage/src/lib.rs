@@ -198,9 +198,15 @@ pub trait ChangeFeed: Send {
     fn queued(&self) -> Arc<Notify>;
     /// A number that changes after a commit of the feed's interest (cheap;
     /// used to skip reads when nothing happened). It may lag this process's own commits (on
-    /// PostgreSQL it moves when the notification arrives): a process kicks
-    /// its feed after its own commits instead of waiting for it.
+    /// PostgreSQL it moves when the notification arrives).
     async fn version(&mut self) -> Result<i64, StoreError>;
+    /// Whether [`ChangeFeed::remote`] also wakes for this process's own
+    /// commits (PostgreSQL's notifications reach every listener, the sender
+    /// included). When not, a process kicks its feed after its own commits;
+    /// when so, a kick would only read the same commit twice.
+    fn hears_own_commits(&self) -> bool {
+        false
+    }
     /// Whether progress may have been committed since the last read of it
     /// (a read can be skipped when not). True unless the driver is told
     /// of progress apart: on PostgreSQL a progress commit notifies with a
