@@ -83,31 +83,52 @@ const PRESENCE_FRESH: Duration = Duration::from_millis(20);
 /// Whether any token exists, as last read. Requests reuse a look up to
 /// [`PRESENCE_FRESH`] old (without this, every unauthenticated request cost
 /// a query); `initialize` asks for a fresh one, so once `token create`
-/// returns no new session opens without a token.
+/// returns no new session opens without a token. One look at a time:
+/// requests that find the last one stale while another is under way wait
+/// for its answer instead of each reading (under load a stale look met
+/// every request in flight at once).
 #[derive(Debug, Default)]
 pub struct TokenPresence {
+    /// The last look: when it began, and what it read.
     last: Mutex<Option<(Instant, bool)>>,
+    /// Held while a look reads.
+    reading: tokio::sync::Mutex<()>,
 }
 
 impl TokenPresence {
-    /// Whether tokens exist: read afresh if `fresh`, else maybe the last look.
+    /// Whether tokens exist: read afresh if `fresh` (a look that began
+    /// after this call), else maybe the last look.
     pub async fn tokens_exist(
         &self,
         store: &TokenRecords,
         fresh: bool,
     ) -> Result<bool, StoreError> {
-        if !fresh {
-            let last = *self.last.lock().unwrap_or_else(|e| e.into_inner());
-            if let Some((at, exist)) = last
-                && at.elapsed() < PRESENCE_FRESH
-            {
-                return Ok(exist);
+        let asked = Instant::now();
+        let usable = |at: Instant| {
+            if fresh {
+                at >= asked
+            } else {
+                at.elapsed() < PRESENCE_FRESH
             }
+        };
+        if let Some(exist) = self.last_if(usable) {
+            return Ok(exist);
+        }
+        let _one = self.reading.lock().await;
+        // The look that held the lock meanwhile may answer this call too.
+        if let Some(exist) = self.last_if(usable) {
+            return Ok(exist);
         }
         let at = Instant::now();
         let exist = store.tokens_exist().await?;
         *self.last.lock().unwrap_or_else(|e| e.into_inner()) = Some((at, exist));
         Ok(exist)
+    }
+
+    /// What the last look read, if `usable` says its start will do.
+    fn last_if(&self, usable: impl Fn(Instant) -> bool) -> Option<bool> {
+        let last = *self.last.lock().unwrap_or_else(|e| e.into_inner());
+        last.filter(|(at, _)| usable(*at)).map(|(_, exist)| exist)
     }
 }
 
