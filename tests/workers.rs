@@ -520,8 +520,8 @@ async fn sleep_zero_tasks(server: &Server, clients: usize, each: usize) {
 /// feed reads of all the workers (counted in their sqlx statement logs)
 /// stay within 4 x (seconds of the run + 3). Before, each worker read the
 /// feed after every commit of any process: hundreds per second. And the
-/// claims and looks at the queue of all the workers stay within 1.5 per
-/// task.
+/// claims and looks at the queue of all the workers stay within a bound
+/// per task (below).
 async fn worker_processes_read_the_feed_per_second_not_per_commit(driver: Driver) {
     let server = Server::start_on(driver, &["--workers", "0"]);
     let workers: Vec<WorkerProc> = (0..4)
@@ -568,20 +568,46 @@ async fn worker_processes_read_the_feed_per_second_not_per_commit(driver: Driver
         reads <= bound,
         "worker feeds read {reads} times in {seconds:.1} s (bound {bound})"
     );
-    // The claim herd: a commit that queued jobs wakes every idle worker,
-    // and each one costs a claim statement, or a look and maybe a claim.
-    // At most 2 per task. Measured on PostgreSQL, which claims without
-    // looking: about 1.0 while a completion took four round trips, 1.2-1.45
-    // since it takes one (the workers are idle more often when a creation
-    // commits); 1.7 when it looked first. SQLite 0.7-1.0. Every commit
-    // waking every worker (completions too) would be about 2.7: 4 workers
-    // for each of about 2 commits per 3 tasks.
+    // The claim herd. On SQLite a commit that queued jobs wakes every idle
+    // worker, and each one costs a claim statement, or a look and maybe a
+    // claim: at most 2 per task (measured 0.7-1.0; every commit waking
+    // every worker, completions too, would be about 2.7: 4 workers for
+    // each of about 2 commits per 3 tasks). On PostgreSQL the commit names
+    // as many live worker processes as it queued jobs, and the others look
+    // only 50 ms later if still idle: at most 1.1 per task (measured
+    // 0.74-0.81; 1.22-1.45 when every idle worker claimed at once).
+    let bound = match driver {
+        Driver::Sqlite => 2.0,
+        Driver::Postgres => 1.1,
+    };
     assert!(
-        per_task(claims + looks) <= 2.0,
-        "{claims} claims and {looks} looks for 400 tasks: more than 2 per task"
+        per_task(claims + looks) <= bound,
+        "{claims} claims and {looks} looks for 400 tasks: more than {bound} per task"
     );
 }
 both_drivers!(worker_processes_read_the_feed_per_second_not_per_commit);
+
+/// Issue 26: a job whose signal names a worker process that cannot claim
+/// it is not stranded. Two worker processes; one is stopped (SIGSTOP: its
+/// heartbeat stays fresh, so PostgreSQL keeps naming it for about half the
+/// jobs); 20 tasks one after the other all complete, run by the other
+/// worker, which looks shortly after a signal that named the stopped one.
+async fn a_job_named_for_a_stopped_worker_is_claimed_by_another(driver: Driver) {
+    let server = Server::start_on(driver, &["--workers", "0"]);
+    let stopped = WorkerProc::start(&server, 0, &["--concurrency", "4"]);
+    let _running = WorkerProc::start(&server, 1, &["--concurrency", "4"]);
+    // Both registered and idle.
+    sleep_zero_tasks(&server, 2, 2).await;
+    let pid = stopped.child.id().to_string();
+    let signal = |sig: &str| {
+        let status = Command::new("kill").args([sig, &pid]).status().unwrap();
+        assert!(status.success(), "kill {sig} {pid}");
+    };
+    signal("-STOP");
+    sleep_zero_tasks(&server, 1, 20).await;
+    signal("-CONT");
+}
+both_drivers!(a_job_named_for_a_stopped_worker_is_claimed_by_another);
 
 /// Issue 26: progress that a worker process reports reaches the client
 /// through the broker (a task of `sleep` 2 s streams progress 1 then 2 on

@@ -15,7 +15,9 @@
 //! wake it, it catches up on a slow tick, and it reads only the cancels and
 //! answers (not every task's changes and progress), so adding worker processes
 //! does not add work to every task. Claimers are woken apart, only when a
-//! job became claimable ([`Feed::queued`]).
+//! job became claimable ([`Feed::queued`]); where the signal names the
+//! worker processes to claim at once (PostgreSQL), the others hear it as
+//! [`Feed::queued_for_others`] and look a moment later.
 
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
@@ -25,7 +27,9 @@ use std::time::Duration;
 use tokio::sync::{Notify, broadcast, mpsc, watch};
 use tokio_util::sync::CancellationToken;
 
-use crate::store::{ChangeFeed, FeedInterest, ProgressEvent, Signal, Store, StoreError, TaskEvent};
+use crate::store::{
+    ChangeFeed, ClaimerId, FeedInterest, ProgressEvent, Signal, Store, StoreError, TaskEvent,
+};
 
 /// One change the feed reports.
 #[derive(Debug, Clone)]
@@ -81,8 +85,14 @@ pub struct Feed {
     /// the tailer (set when it starts).
     kicks_wake: Arc<OnceLock<bool>>,
     /// Counts the signals heard that a job became claimable (any process:
-    /// a new task, or one given back or rescued).
+    /// a new task, or one given back or rescued) and that ask this process
+    /// to claim (they name no claimer, or name this one).
     queued: watch::Sender<u64>,
+    /// Counts those that named other worker processes to claim at once.
+    queued_for_others: watch::Sender<u64>,
+    /// Where the driver reads this process's worker id (set when the
+    /// tailer starts, where signals name claimers).
+    claimer: Arc<OnceLock<ClaimerId>>,
 }
 
 impl Feed {
@@ -99,6 +109,8 @@ impl Feed {
             interest: Arc::new(OnceLock::new()),
             kicks_wake: Arc::new(OnceLock::new()),
             queued: watch::Sender::new(0),
+            queued_for_others: watch::Sender::new(0),
+            claimer: Arc::new(OnceLock::new()),
         }
     }
 
@@ -144,6 +156,21 @@ impl Feed {
     /// resolves once a signal came after the receiver last looked.
     pub fn queued(&self) -> watch::Receiver<u64> {
         self.queued.subscribe()
+    }
+
+    /// Watch for jobs queued that a signal asked other worker processes to
+    /// claim at once (see [`ChangeFeed::queued_for_others`]).
+    pub fn queued_for_others(&self) -> watch::Receiver<u64> {
+        self.queued_for_others.subscribe()
+    }
+
+    /// This process claims as the worker `worker_id`: signals naming other
+    /// claimers no longer count as [`Feed::queued`]. Once per process (the
+    /// first pool's id stays).
+    pub fn claim_as(&self, worker_id: &str) {
+        if let Some(cell) = self.claimer.get() {
+            let _ = cell.set(worker_id.to_owned());
+        }
     }
 
     /// Tell the tailer this process just committed a change, progress
@@ -229,14 +256,21 @@ impl Feed {
         let _ = self.kicks_wake.set(!changes.hears_own_commits());
         let control_only = interest == FeedInterest::Control;
         // Claim signals: counted for the pool.
+        if let Some(cell) = changes.claimer() {
+            let _ = self.claimer.set(cell);
+        }
         let queued = changes.queued();
+        // Never notified where signals name no one.
+        let for_others = changes.queued_for_others().unwrap_or_default();
         let counter = self.queued.clone();
+        let others_counter = self.queued_for_others.clone();
         let stop = shutdown.clone();
         tokio::spawn(async move {
             loop {
                 tokio::select! {
                     _ = stop.cancelled() => return,
                     _ = queued.notified() => counter.send_modify(|n| *n += 1),
+                    _ = for_others.notified() => others_counter.send_modify(|n| *n += 1),
                 }
             }
         });

@@ -63,6 +63,11 @@ fn millis(d: Duration) -> i64 {
 /// Shortest idle wait.
 const IDLE_MIN: Duration = Duration::from_millis(50);
 
+/// How long after a job was queued for other worker processes to claim
+/// (the signal named them) this one looks, if none of them took it: the
+/// most such a job waits when the named ones cannot take it.
+const LOOK_AFTER_OTHERS: Duration = Duration::from_millis(50);
+
 impl WorkerPool {
     /// A pool; `job_queued` wakes it early.
     pub fn new(
@@ -160,32 +165,56 @@ impl WorkerPool {
         // the jobs themselves), so it leaves the signal alone (another
         // server on the same file would be found within `idle_max`).
         let mut queued_elsewhere = self.feed.queued();
+        // Jobs queued elsewhere that the signal asked other worker
+        // processes to claim (PostgreSQL names a few): looked at a moment
+        // later, in case none of them could take them (busy, another tool,
+        // gone).
+        let mut queued_for_others = self.feed.queued_for_others();
         // Whether the last claim found a tool at its limit.
         let mut tool_capped = false;
         let feed_wakes = self.config.kind != WorkerKind::Embedded;
-        loop {
+        if feed_wakes {
+            self.feed.claim_as(&self.worker_id);
+        }
+        'run: loop {
             while jobs.try_join_next().is_some() {}
             while let Ok((job, slot)) = handed.try_recv() {
                 self.spawn_job(&mut jobs, job, slot, &release);
             }
             if drained {
-                tokio::select! {
-                    _ = shutdown.cancelled() => break,
-                    Some((job, slot)) = handed.recv() => {
-                        self.spawn_job(&mut jobs, job, slot, &release);
-                        continue;
+                let mut look_at = tokio::time::Instant::now() + idle;
+                // The look comes early for jobs others were asked to claim.
+                let mut for_others = false;
+                loop {
+                    tokio::select! {
+                        _ = shutdown.cancelled() => break 'run,
+                        Some((job, slot)) = handed.recv() => {
+                            self.spawn_job(&mut jobs, job, slot, &release);
+                            continue 'run;
+                        }
+                        _ = self.job_queued.notified() => { idle = IDLE_MIN; certain = true; }
+                        // A slot came back: a tool that was at its limit may
+                        // take a queued job now.
+                        _ = self.slots.freed(), if tool_capped => { idle = IDLE_MIN; certain = false; }
+                        // A job created, given back or rescued elsewhere (a
+                        // read first: another claimer may have taken it).
+                        Ok(()) = queued_elsewhere.changed(), if feed_wakes => { idle = IDLE_MIN; certain = false; }
+                        Ok(()) = queued_for_others.changed(), if feed_wakes => {
+                            let soon = tokio::time::Instant::now() + LOOK_AFTER_OTHERS;
+                            if soon < look_at {
+                                look_at = soon;
+                                for_others = true;
+                            }
+                            continue;
+                        }
+                        _ = tokio::time::sleep_until(look_at) => {
+                            if !for_others {
+                                idle = (idle * 2).min(self.config.idle_max);
+                            }
+                            certain = false;
+                        }
                     }
-                    _ = self.job_queued.notified() => { idle = IDLE_MIN; certain = true; }
-                    // A slot came back: a tool that was at its limit may
-                    // take a queued job now.
-                    _ = self.slots.freed(), if tool_capped => { idle = IDLE_MIN; certain = false; }
-                    // A job created, given back or rescued elsewhere (a
-                    // read first: another claimer may have taken it).
-                    Ok(()) = queued_elsewhere.changed(), if feed_wakes => { idle = IDLE_MIN; certain = false; }
-                    _ = tokio::time::sleep(idle) => {
-                        idle = (idle * 2).min(self.config.idle_max);
-                        certain = false;
-                    }
+                    break;
                 }
             }
             // Every slot is held before the claim: the writer's hand-off
@@ -199,6 +228,7 @@ impl WorkerPool {
                 reserved = self.slots.reserve(self.slots.cap()) => reserved,
             };
             queued_elsewhere.borrow_and_update();
+            queued_for_others.borrow_and_update();
             let Some(mut reserved) = reserved else {
                 // Every tool is at its limit: wait for a slot to come back.
                 drained = true;

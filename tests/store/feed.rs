@@ -278,6 +278,93 @@ async fn fires(notify: &tokio::sync::Notify, wait: Duration) -> bool {
     tokio::time::timeout(wait, notify.notified()).await.is_ok()
 }
 
+/// Issue 26: on PostgreSQL a commit that queues jobs names the live
+/// worker processes asked to claim at once (fresh heartbeat, kind
+/// `process`), and a feed hears the signal as `queued` when its claimer is
+/// named (or none is), as `queued_for_others` when others are. With no
+/// live worker process to name, every claimer is asked. SQLite names no
+/// one: every queued job is `queued`.
+async fn a_queued_job_asks_the_named_claimers_at_once(db: TestDb) {
+    let shutdown = CancellationToken::new();
+    let open_feed = || {
+        db.store
+            .change_feed(FeedInterest::Control, shutdown.clone())
+    };
+    let (named, unnamed) = (open_feed().await.unwrap(), open_feed().await.unwrap());
+    let other = store::open(db.location(), Durability::Full).await.unwrap();
+    let _other_feed = other
+        .change_feed(FeedInterest::Everything, shutdown.clone())
+        .await
+        .unwrap();
+    let quiet = Duration::from_millis(300);
+    let long = Duration::from_secs(10);
+    // Heartbeats are judged against the database's clock.
+    let now = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .unwrap()
+        .as_millis() as i64;
+    let pool = |id: &str| NewWorker {
+        worker_id: id.to_owned(),
+        pid: 7,
+        host: "host-feed".to_owned(),
+        kind: WorkerKind::Process,
+        concurrency: 4,
+        lease_ms: 30_000,
+    };
+    other.worker_register(&pool("w-named"), now).await.unwrap();
+    let queue = |id: &'static str, at: i64| {
+        let other = other.clone();
+        async move {
+            other
+                .task_create(&new_task(id, "alice"), Some(JOB), None, at)
+                .await
+                .unwrap();
+            other.announce(Signal::Queued);
+        }
+    };
+    let (Some(named_id), Some(unnamed_id)) = (named.claimer(), unnamed.claimer()) else {
+        assert!(named.queued_for_others().is_none());
+        queue("t-any", T0).await;
+        assert!(
+            fires(&named.queued(), long).await,
+            "a queued job wakes claimers"
+        );
+        return;
+    };
+    named_id.set("w-named".to_owned()).unwrap();
+    unnamed_id.set("w-unnamed".to_owned()).unwrap();
+    let for_others = unnamed.queued_for_others().unwrap();
+
+    // One live worker process, named: it claims at once, the other later.
+    queue("t-1", T0).await;
+    assert!(
+        fires(&named.queued(), long).await,
+        "the named claimer is asked"
+    );
+    assert!(
+        fires(&for_others, long).await,
+        "the other hears it was for others"
+    );
+    assert!(
+        !fires(&unnamed.queued(), quiet).await,
+        "and is not asked at once"
+    );
+
+    // No live worker process (it stopped): every claimer is asked.
+    other
+        .worker_set_state("w-named", WorkerState::Stopped, now + 1)
+        .await
+        .unwrap();
+    queue("t-2", T0 + 1).await;
+    assert!(
+        fires(&unnamed.queued(), long).await,
+        "no one to name: everyone"
+    );
+    assert!(fires(&named.queued(), long).await);
+    shutdown.cancel();
+}
+store_test!(a_queued_job_asks_the_named_claimers_at_once);
+
 /// A worker process's feed (interest Control) is woken by another
 /// process's cancellations and answers, not by its creations, claims,
 /// progress or completions, and reads only those; its claim signal

@@ -4,7 +4,9 @@
 //! kind (migration V8): `taskbroker_changes` (statuses, progress, input
 //! requests), `taskbroker_queued` (a job is queued), `taskbroker_control`
 //! (a cancel or an answer). Each notification of the followed kind bumps
-//! the feed's version and wakes `remote()`; a queued one wakes `queued()`.
+//! the feed's version and wakes `remote()`; a queued one wakes `queued()`,
+//! or `queued_for_others()` when its payload names worker processes to
+//! claim at once and not this one (migration V15: `claim:` and their ids).
 //! Progress notifies with the payload `progress` (migration V13), which
 //! also bumps the progress version: without one, no progress read.
 //!
@@ -12,14 +14,14 @@
 //! (the feed lock: see the crate doc and the schema), so a position is a
 //! plain id, as with SQLite.
 
-use std::sync::Arc;
 use std::sync::atomic::{AtomicI64, Ordering};
+use std::sync::{Arc, OnceLock};
 use std::time::Duration;
 
 use async_trait::async_trait;
 use sqlx::postgres::{PgListener, PgPool, PgPoolOptions};
 use taskbroker_storage::{
-    ChangeFeed, FeedInterest, ProgressEvent, StoreError, TaskEvent, TaskStore,
+    ChangeFeed, ClaimerId, FeedInterest, ProgressEvent, StoreError, TaskEvent, TaskStore,
 };
 use tokio::sync::Notify;
 use tokio_util::sync::CancellationToken;
@@ -41,6 +43,8 @@ pub(crate) struct PgFeed {
     store: PostgresStore,
     remote: Arc<Notify>,
     queued: Arc<Notify>,
+    queued_for_others: Arc<Notify>,
+    claimer: ClaimerId,
     /// Notifications heard (and reconnections, which may have missed some).
     version: Arc<AtomicI64>,
     /// Progress notifications heard (and reconnections).
@@ -57,12 +61,29 @@ struct Signals {
     followed: &'static str,
     remote: Arc<Notify>,
     queued: Arc<Notify>,
+    queued_for_others: Arc<Notify>,
+    /// This process's worker id, once its pool started.
+    claimer: ClaimerId,
     version: Arc<AtomicI64>,
     progress_version: Arc<AtomicI64>,
 }
 
 /// The payload of a progress notification (migration V13).
 const PROGRESS: &str = "progress";
+
+/// How a queued notification's payload starts when it names the worker
+/// processes to claim at once (migration V15).
+const NAMED: &str = "claim:";
+
+/// Whether a queued notification's `payload` asks `claimer` (this
+/// process's worker id, if it has a pool) to claim at once: yes unless it
+/// names claimers and not this one.
+fn asks(payload: &str, claimer: Option<&str>) -> bool {
+    match (payload.strip_prefix(NAMED), claimer) {
+        (Some(named), Some(me)) => named.split(' ').any(|id| id == me),
+        _ => true,
+    }
+}
 
 impl PgFeed {
     /// A feed at the head, following `interest`; listens until `shutdown`.
@@ -85,15 +106,19 @@ impl PgFeed {
             },
             remote: Arc::new(Notify::new()),
             queued: Arc::new(Notify::new()),
+            queued_for_others: Arc::new(Notify::new()),
+            claimer: Arc::new(OnceLock::new()),
             version: Arc::new(AtomicI64::new(0)),
             progress_version: Arc::new(AtomicI64::new(0)),
         };
         // LISTEN before reading the head: whatever commits after the head
         // was read is heard.
         let listener = listen(&pool, signals.followed).await?;
-        let (remote, queued, version, progress_version) = (
+        let (remote, queued, queued_for_others, claimer, version, progress_version) = (
             signals.remote.clone(),
             signals.queued.clone(),
+            signals.queued_for_others.clone(),
+            signals.claimer.clone(),
             signals.version.clone(),
             signals.progress_version.clone(),
         );
@@ -104,6 +129,8 @@ impl PgFeed {
             store: store.clone(),
             remote,
             queued,
+            queued_for_others,
+            claimer,
             version,
             progress_version,
             progress_read_at: 0,
@@ -151,7 +178,13 @@ async fn run_listener(
             heard = listener.try_recv() => heard,
         };
         match heard {
-            Ok(Some(n)) if n.channel() == QUEUED => signals.queued.notify_one(),
+            Ok(Some(n)) if n.channel() == QUEUED => {
+                if asks(n.payload(), signals.claimer.get().map(String::as_str)) {
+                    signals.queued.notify_one();
+                } else {
+                    signals.queued_for_others.notify_one();
+                }
+            }
             Ok(Some(n)) => {
                 // Before the bump: the tailer it wakes sees the progress.
                 if n.payload() == PROGRESS {
@@ -201,6 +234,14 @@ impl ChangeFeed for PgFeed {
         self.queued.clone()
     }
 
+    fn queued_for_others(&self) -> Option<Arc<Notify>> {
+        Some(self.queued_for_others.clone())
+    }
+
+    fn claimer(&self) -> Option<ClaimerId> {
+        Some(self.claimer.clone())
+    }
+
     async fn version(&mut self) -> Result<i64, StoreError> {
         Ok(self.version.load(Ordering::Acquire))
     }
@@ -246,5 +287,20 @@ impl ChangeFeed for PgFeed {
             self.last_event = last.id;
         }
         Ok(rows)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::asks;
+
+    #[test]
+    fn a_queued_payload_asks_the_named_claimers_or_everyone() {
+        assert!(asks("", Some("h:1:a")), "no names: everyone");
+        assert!(asks("", None));
+        assert!(asks("claim:h:1:a h:2:b", Some("h:2:b")));
+        assert!(!asks("claim:h:1:a h:2:b", Some("h:3:c")));
+        assert!(!asks("claim:h:1:ab", Some("h:1:a")), "whole ids only");
+        assert!(asks("claim:h:1:a", None), "no pool yet: everyone's");
     }
 }

@@ -185,6 +185,10 @@ pub enum FeedInterest {
     Control,
 }
 
+/// The worker id of the process's worker pool, once it has one: a queued
+/// signal naming other claimers does not wake it at once.
+pub type ClaimerId = Arc<std::sync::OnceLock<String>>;
+
 /// Reads of what committed, in commit order, for the change feed of one
 /// process. Each feed keeps its own position; it starts at the head.
 #[async_trait]
@@ -194,8 +198,23 @@ pub trait ChangeFeed: Send {
     /// tokens, workers or leases wake no one).
     fn remote(&self) -> Arc<Notify>;
     /// Notified when any process may have made a job claimable
-    /// ([`Signal::Queued`]), whatever the feed's interest.
+    /// ([`Signal::Queued`]), whatever the feed's interest, and the signal
+    /// names no claimer or names this process's ([`ChangeFeed::claimer`]).
     fn queued(&self) -> Arc<Notify>;
+    /// Notified when a job was queued and the signal named other worker
+    /// processes to claim it (PostgreSQL names a few at random, as many as
+    /// jobs were queued): this process looks a moment later, in case none of
+    /// them could take it. `None`: signals name no one (SQLite), every
+    /// signal wakes [`ChangeFeed::queued`].
+    fn queued_for_others(&self) -> Option<Arc<Notify>> {
+        None
+    }
+    /// Where this process's worker id goes once its pool starts (read by
+    /// the driver for each signal; until set, every signal is this
+    /// process's). `None` where signals name no one.
+    fn claimer(&self) -> Option<ClaimerId> {
+        None
+    }
     /// A number that changes after a commit of the feed's interest (cheap;
     /// used to skip reads when nothing happened). It may lag this process's own commits (on
     /// PostgreSQL it moves when the notification arrives).
