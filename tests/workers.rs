@@ -587,6 +587,34 @@ async fn worker_processes_read_the_feed_per_second_not_per_commit(driver: Driver
 }
 both_drivers!(worker_processes_read_the_feed_per_second_not_per_commit);
 
+/// Issue 26: with the defaults (the pool in the server), a client waiting
+/// in tasks/result for a task that ends later gets the outcome with the
+/// word of its end: the server reads the task once (when the wait starts),
+/// not again when the outcome is committed. 10 `sleep` 0.3 s tasks one
+/// after the other, counted in the sqlx statement log: at most 1 read of a
+/// task by id per task, and 2 more (2 per task when the waiter read the
+/// row again).
+async fn a_waiting_client_gets_the_outcome_without_a_second_read(driver: Driver) {
+    let server = Server::start_with_config_on_env(
+        driver,
+        "",
+        &[],
+        &[("RUST_LOG", "info,sqlx::query=debug")],
+    );
+    let reads = |log: &str| log.matches("FROM tasks_as_served WHERE task_id").count();
+    let mut c = server.client().await;
+    let before = reads(&server.log());
+    for _ in 0..10 {
+        let task_id = id(&c.call_task("sleep", json!({"seconds": 0.3})).await);
+        let result = c.ok("tasks/result", json!({"taskId": task_id})).await;
+        assert_eq!(result["content"][0]["text"], "slept 0.3 s", "{result}");
+    }
+    let n = reads(&server.log()) - before;
+    eprintln!("{driver:?}: 10 tasks waited for; the task read by id {n} times");
+    assert!(n <= 12, "tasks read {n} times for 10 waits");
+}
+both_drivers!(a_waiting_client_gets_the_outcome_without_a_second_read);
+
 /// Issue 26: a job whose signal names a worker process that cannot claim
 /// it is not stranded. Two worker processes; one is stopped (SIGSTOP: its
 /// heartbeat stays fresh, so PostgreSQL keeps naming it for about half the

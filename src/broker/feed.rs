@@ -29,6 +29,7 @@ use tokio_util::sync::CancellationToken;
 
 use crate::store::{
     ChangeFeed, ClaimerId, FeedInterest, ProgressEvent, Signal, Store, StoreError, TaskEvent,
+    TaskOutcome,
 };
 
 /// One change the feed reports.
@@ -40,8 +41,19 @@ pub enum FeedEvent {
     Progress(ProgressEvent),
     /// This process just committed a change of the task's status (say, its
     /// outcome): waiters in this process may look at once, before the
-    /// tailer delivers the matching `Status`.
-    Written(Arc<str>),
+    /// tailer delivers the matching `Status`. With the outcome when it was
+    /// the task's end and someone here waits for it: the waiter needs not
+    /// read the task again.
+    Written(Arc<str>, Option<Arc<Ended>>),
+}
+
+/// A task's end as this process committed it.
+#[derive(Debug)]
+pub struct Ended {
+    /// What was recorded.
+    pub outcome: TaskOutcome,
+    /// When (the task's lastUpdatedAt), ms.
+    pub at: i64,
 }
 
 impl FeedEvent {
@@ -50,7 +62,7 @@ impl FeedEvent {
         match self {
             Self::Status(e) => &e.task_id,
             Self::Progress(p) => &p.task_id,
-            Self::Written(task_id) => task_id,
+            Self::Written(task_id, _) => task_id,
         }
     }
 }
@@ -234,7 +246,20 @@ impl Feed {
     /// Tell this process's waiters that the status of `task_id` was just
     /// committed here (the caller kicks the tailer, once per commit).
     pub fn written(&self, task_id: &str) {
-        self.publish(FeedEvent::Written(Arc::from(task_id)));
+        self.publish(FeedEvent::Written(Arc::from(task_id), None));
+    }
+
+    /// [`Feed::written`] for the task's end: `outcome` (made only if a
+    /// waiter here watches the task) goes with it.
+    pub fn ended(&self, task_id: &str, outcome: impl FnOnce() -> TaskOutcome, at: i64) {
+        let watched = self.lock_watchers().contains_key(task_id);
+        let ended = watched.then(|| {
+            Arc::new(Ended {
+                outcome: outcome(),
+                at,
+            })
+        });
+        self.publish(FeedEvent::Written(Arc::from(task_id), ended));
     }
 
     /// Start the tailer, woken by the commits of `interest` and every

@@ -477,13 +477,7 @@ impl Broker {
     async fn visible_row(&self, owner: &Owner, task_id: &str) -> Result<TaskRow, BrokerError> {
         let row = self.store.task_get(task_id).await?;
         match row {
-            Some(row) if row.owner == owner.as_str() => {
-                if row.expires_at.is_some_and(|at| at <= now_ms()) {
-                    Err(BrokerError::Expired)
-                } else {
-                    Ok(row)
-                }
-            }
+            Some(row) if row.owner == owner.as_str() => unexpired(row),
             // Another requestor's task is indistinguishable from none (T-36).
             _ => Err(BrokerError::NotFound),
         }
@@ -580,12 +574,13 @@ impl Broker {
         events: Option<mpsc::UnboundedSender<WaitEvent>>,
     ) -> Result<TaskResult, BrokerError> {
         let PendingResult { mut feed, row } = pending;
-        let mut row = Some(*row);
+        // The row to look at next: read again unless the feed brought it.
+        let mut next = Some(*row);
         let mut delivered: HashSet<String> = HashSet::new();
         let mut last_status: Option<TaskStatus> = None;
         loop {
-            let row = match row.take() {
-                Some(row) => row,
+            let row = match next.take() {
+                Some(row) => unexpired(row)?,
                 None => self.visible_row(owner, task_id).await?,
             };
             let task = task_from_row(&row);
@@ -638,7 +633,12 @@ impl Broker {
                         // Its creation, seen late: nothing new to read.
                         Some(FeedEvent::Status(s))
                             if s.from_status.is_none() && task.status == TaskStatus::Working => {}
-                        Some(FeedEvent::Status(_) | FeedEvent::Written(_)) => break,
+                        // Its end, committed here: the row as it now is.
+                        Some(FeedEvent::Written(_, Some(ended))) => {
+                            next = Some(row.clone().ended_with(&ended.outcome, ended.at));
+                            break;
+                        }
+                        Some(FeedEvent::Status(_) | FeedEvent::Written(..)) => break,
                         None => return Err(BrokerError::ShuttingDown),
                     },
                 }
@@ -742,5 +742,14 @@ impl Broker {
             CancelOutcome::Terminal(status) => Err(BrokerError::Terminal(status)),
             CancelOutcome::NotFound => Err(BrokerError::NotFound),
         }
+    }
+}
+
+/// `row`, unless its ttl ran out (then it has expired, T-33).
+fn unexpired(row: TaskRow) -> Result<TaskRow, BrokerError> {
+    if row.expires_at.is_some_and(|at| at <= now_ms()) {
+        Err(BrokerError::Expired)
+    } else {
+        Ok(row)
     }
 }

@@ -165,6 +165,24 @@ impl Writer {
                     Some(_) if done.len() == writes.len() => done.pop(),
                     _ => None,
                 };
+                // Completions that took: this process's waiters get the
+                // outcome with the word (no read of the task again).
+                let mut ended = Vec::new();
+                for (write, d) in writes.iter().zip(&done) {
+                    if let (
+                        Write::Complete {
+                            task_id, outcome, ..
+                        },
+                        Ok(Written::Completed(true)),
+                    ) = (write, d)
+                    {
+                        ended.push((task_id, outcome));
+                    }
+                }
+                for (task_id, outcome) in &ended {
+                    feed.ended(task_id, || (*outcome).clone(), now);
+                }
+                finished.retain(|id| !ended.iter().any(|(ended, _)| *ended == id));
                 for (reply, d) in replies.into_iter().zip(done) {
                     reply.send(d);
                 }

@@ -124,7 +124,7 @@ impl Batch {
                 }
             }
             // This process's own hint; the matching status change follows.
-            FeedEvent::Written(_) => {}
+            FeedEvent::Written(..) => {}
         }
     }
 

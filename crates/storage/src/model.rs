@@ -143,6 +143,22 @@ pub fn as_served(mut row: TaskRow, queued: bool) -> TaskRow {
     row
 }
 
+impl TaskRow {
+    /// The row once `outcome` was recorded on it at `at`, as the stores
+    /// write it (status, statusMessage, result, its kind, the tool error
+    /// flag, lastUpdatedAt): for a process that committed the outcome and
+    /// has the row from before, instead of reading it again.
+    pub fn ended_with(mut self, outcome: &TaskOutcome, at: i64) -> TaskRow {
+        self.status = outcome.status;
+        self.status_message = outcome.status_message.clone();
+        self.result = Some(outcome.result.clone());
+        self.result_kind = Some(outcome.result_kind);
+        self.tool_error = outcome.tool_error;
+        self.updated_at = at;
+        self
+    }
+}
+
 /// What a new task row holds.
 #[derive(Debug, Clone)]
 pub struct NewTask {

@@ -111,7 +111,7 @@ pub async fn listen(
             loop {
                 tokio::select! {
                     event = watch.recv() => match event {
-                        Some(e) if matches!(*e, FeedEvent::Status(_) | FeedEvent::Written(_)) => {
+                        Some(e) if matches!(*e, FeedEvent::Status(_) | FeedEvent::Written(..)) => {
                             if tx.send(id.clone()).is_err() {
                                 break;
                             }
