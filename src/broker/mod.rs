@@ -30,7 +30,7 @@ use tokio::sync::{Notify, mpsc};
 use crate::clock::now_ms;
 use crate::defaults;
 use crate::store::{
-    AnswerOutcome, CancelOutcome, Driver, NewJob, NewTask, Store, StoreError, TaskRow,
+    AnswerOutcome, CancelOutcome, Driver, NewJob, NewTask, Store, StoreError, TaskEvent, TaskRow,
 };
 use crate::tools::{Registry, TaskSupport, Tool, ToolCatalog, ToolOutcome};
 use crate::traces::{self, TraceContext};
@@ -633,9 +633,18 @@ impl Broker {
                         // Its creation, seen late: nothing new to read.
                         Some(FeedEvent::Status(s))
                             if s.from_status.is_none() && task.status == TaskStatus::Working => {}
-                        // Its end, committed here: the row as it now is.
+                        // Its end, committed here or read with the feed:
+                        // the row as it now is.
                         Some(FeedEvent::Written(_, Some(ended))) => {
                             next = Some(row.clone().ended_with(&ended.outcome, ended.at));
+                            break;
+                        }
+                        Some(FeedEvent::Status(TaskEvent {
+                            outcome: Some(outcome),
+                            at,
+                            ..
+                        })) => {
+                            next = Some(row.clone().ended_with(outcome, *at));
                             break;
                         }
                         Some(FeedEvent::Status(_) | FeedEvent::Written(..)) => break,

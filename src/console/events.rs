@@ -152,6 +152,7 @@ mod tests {
 
     fn status(n: usize) -> FeedEvent {
         FeedEvent::Status(TaskEvent {
+            outcome: None,
             id: n as i64,
             task_id: format!("t{n}"),
             from_status: None,

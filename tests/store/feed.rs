@@ -206,6 +206,76 @@ async fn change_feed_reads_progress_reports_in_order(db: TestDb) {
 }
 store_test!(change_feed_reads_progress_reports_in_order);
 
+/// Issue 26: the feed's row of a task's end carries its outcome when it is
+/// small (up to 4 KB: a waiter then needs no read of the task), not when
+/// it is larger, nor on other changes; a GET stream's catch-up read of an
+/// owner's changes carries none.
+async fn change_feed_carries_a_small_outcome_with_the_end(db: TestDb) {
+    let mut feed = db
+        .store
+        .change_feed(FeedInterest::Everything, CancellationToken::new())
+        .await
+        .unwrap();
+    let small = db
+        .store
+        .task_create(&new_task("t-small", "alice"), Some(JOB), None, T0)
+        .await
+        .unwrap();
+    claim_one(&db.store, "w1", "lease-s", T0 + 1).await;
+    let large = db
+        .store
+        .task_create(&new_task("t-large", "alice"), Some(JOB), None, T0 + 2)
+        .await
+        .unwrap();
+    claim_one(&db.store, "w1", "lease-l", T0 + 3).await;
+    let big = TaskOutcome {
+        result: serde_json::json!({"content": [{"type": "text", "text": "x".repeat(5000)}]})
+            .to_string(),
+        ..completed_outcome()
+    };
+    let failed = failed_outcome("it broke");
+    assert!(
+        db.store
+            .job_complete(small.seq, "lease-s", &failed, T0 + 4)
+            .await
+            .unwrap()
+    );
+    assert!(
+        db.store
+            .job_complete(large.seq, "lease-l", &big, T0 + 5)
+            .await
+            .unwrap()
+    );
+    let events = feed.next_events(10).await.unwrap();
+    let ends: Vec<(&str, TaskStatus, bool)> = events
+        .iter()
+        .map(|e| (e.task_id.as_str(), e.to_status, e.outcome.is_some()))
+        .collect();
+    assert_eq!(
+        ends,
+        [
+            ("t-small", TaskStatus::Working, false),
+            ("t-large", TaskStatus::Working, false),
+            ("t-small", TaskStatus::Failed, true),
+            ("t-large", TaskStatus::Completed, false),
+        ]
+    );
+    let carried = events[2].outcome.as_ref().unwrap();
+    assert_eq!(carried.status, TaskStatus::Failed);
+    assert_eq!(carried.status_message, failed.status_message);
+    assert_eq!(carried.result, failed.result);
+    assert_eq!(carried.result_kind, failed.result_kind);
+    assert_eq!(carried.tool_error, failed.tool_error);
+    let caught_up = db
+        .store
+        .task_events_for_owner_since("alice", 0, 10)
+        .await
+        .unwrap();
+    assert_eq!(caught_up.len(), 4);
+    assert!(caught_up.iter().all(|e| e.outcome.is_none()));
+}
+store_test!(change_feed_carries_a_small_outcome_with_the_end);
+
 /// Many writers at once: the feed still sees every event, each once and
 /// in id order (on PostgreSQL, ids become visible in id order).
 async fn feed_misses_nothing_under_concurrent_writers(db: TestDb) {

@@ -356,7 +356,8 @@ impl TaskStore for PostgresStore {
         let rows = sqlx::query_as!(
             TaskEventText,
             r#"SELECT e.id, e.task_id, e.from_status, e.to_status, t.owner, e.message, e.at,
-                      t.created_at, t.ttl_ms, t.poll_interval_ms, t.tool_error
+                      t.created_at, t.ttl_ms, t.poll_interval_ms, t.tool_error,
+                      NULL::text AS result, NULL::text AS result_kind
                  FROM task_events e JOIN tasks t ON t.seq = e.task_seq
                 WHERE t.owner = $1 AND e.id > $2 ORDER BY e.id LIMIT $3"#,
             owner,
@@ -427,7 +428,11 @@ impl PostgresStore {
         let rows = sqlx::query_as!(
             TaskEventText,
             r#"SELECT e.id, e.task_id, e.from_status, e.to_status, t.owner, e.message, e.at,
-                      t.created_at, t.ttl_ms, t.poll_interval_ms, t.tool_error
+                      t.created_at, t.ttl_ms, t.poll_interval_ms, t.tool_error,
+                      CASE WHEN e.to_status IN ('completed', 'failed')
+                            AND octet_length(t.result) <= 4096 THEN t.result END AS result,
+                      CASE WHEN e.to_status IN ('completed', 'failed')
+                            AND octet_length(t.result) <= 4096 THEN t.result_kind END AS result_kind
                  FROM task_events e JOIN tasks t ON t.seq = e.task_seq
                 WHERE e.id > $1 ORDER BY e.id LIMIT $2"#,
             after_id,
@@ -450,7 +455,8 @@ impl PostgresStore {
         let rows = sqlx::query_as!(
             TaskEventText,
             r#"SELECT e.id, e.task_id, e.from_status, e.to_status, t.owner, e.message, e.at,
-                      t.created_at, t.ttl_ms, t.poll_interval_ms, t.tool_error
+                      t.created_at, t.ttl_ms, t.poll_interval_ms, t.tool_error,
+                      NULL::text AS result, NULL::text AS result_kind
                  FROM task_events e JOIN tasks t ON t.seq = e.task_seq
                 WHERE e.id > $1 AND e.id <= $2
                   AND (e.to_status = 'cancelled'

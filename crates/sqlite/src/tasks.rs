@@ -313,7 +313,8 @@ impl TaskStore for SqliteStore {
         let rows = sqlx::query_as!(
             TaskEventText,
             r#"SELECT e.id AS "id!", e.task_id, e.from_status, e.to_status, t.owner, e.message, e.at,
-                      t.created_at, t.ttl_ms, t.poll_interval_ms, t.tool_error AS "tool_error!: bool"
+                      t.created_at, t.ttl_ms, t.poll_interval_ms, t.tool_error AS "tool_error!: bool",
+                      NULL AS "result?: String", NULL AS "result_kind?: String"
                  FROM task_events e JOIN tasks t ON t.seq = e.task_seq
                 WHERE t.owner = ? AND e.id > ? ORDER BY e.id LIMIT ?"#,
             owner,
@@ -387,7 +388,13 @@ impl SqliteStore {
         let rows = sqlx::query_as!(
             TaskEventText,
             r#"SELECT e.id AS "id!", e.task_id, e.from_status, e.to_status, t.owner, e.message, e.at,
-                      t.created_at, t.ttl_ms, t.poll_interval_ms, t.tool_error AS "tool_error!: bool"
+                      t.created_at, t.ttl_ms, t.poll_interval_ms, t.tool_error AS "tool_error!: bool",
+                      CASE WHEN e.to_status IN ('completed', 'failed')
+                            AND length(CAST(t.result AS BLOB)) <= 4096 THEN t.result END
+                        AS "result?: String",
+                      CASE WHEN e.to_status IN ('completed', 'failed')
+                            AND length(CAST(t.result AS BLOB)) <= 4096 THEN t.result_kind END
+                        AS "result_kind?: String"
                  FROM task_events e JOIN tasks t ON t.seq = e.task_seq
                 WHERE e.id > ? ORDER BY e.id LIMIT ?"#,
             after_id,
@@ -411,7 +418,8 @@ impl SqliteStore {
         let rows = sqlx::query_as!(
             TaskEventText,
             r#"SELECT e.id AS "id!", e.task_id, e.from_status, e.to_status, t.owner, e.message, e.at,
-                      t.created_at, t.ttl_ms, t.poll_interval_ms, t.tool_error AS "tool_error!: bool"
+                      t.created_at, t.ttl_ms, t.poll_interval_ms, t.tool_error AS "tool_error!: bool",
+                      NULL AS "result?: String", NULL AS "result_kind?: String"
                  FROM task_events e JOIN tasks t ON t.seq = e.task_seq
                 WHERE e.id > ? AND e.id <= ?
                   AND (e.to_status = 'cancelled'

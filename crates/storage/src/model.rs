@@ -267,6 +267,11 @@ pub struct TaskEvent {
     /// The task failed with a result its tool flagged as an error
     /// (meaningful when `to_status` is `Failed`).
     pub tool_error: bool,
+    /// What was recorded, when the change ended the task (completed or
+    /// failed) and the outcome is small (up to 4 KB): a waiter needs not
+    /// read the task again. `None` otherwise, and in reads that do not
+    /// carry it.
+    pub outcome: Option<TaskOutcome>,
     /// When it changed (the task's lastUpdatedAt then), ms.
     pub at: i64,
     /// The task's creation time, ms.

@@ -2,13 +2,20 @@
 //! drivers' `query_as!` (which cannot name this crate's enums without a
 //! database type); each turns into its domain row in one checked place.
 
-use crate::{StoreError, TaskEvent, TaskRow};
+use crate::{StoreError, TaskEvent, TaskOutcome, TaskRow};
 
 /// A stored status (`column` names it in the error).
 pub fn status(column: &str, value: &str) -> Result<crate::TaskStatus, StoreError> {
     value
         .parse()
         .map_err(|e| StoreError::Decode(format!("{column}: {e}")))
+}
+
+/// A stored `tasks.result_kind`.
+fn result_kind(value: &str) -> Result<crate::ResultKind, StoreError> {
+    value
+        .parse()
+        .map_err(|e: String| StoreError::Decode(format!("tasks.result_kind: {e}")))
 }
 
 /// A `tasks` row with text `status` and `result_kind`.
@@ -38,12 +45,7 @@ impl TryFrom<TaskText> for TaskRow {
     fn try_from(t: TaskText) -> Result<Self, StoreError> {
         Ok(TaskRow {
             status: status("tasks.status", &t.status)?,
-            result_kind: t
-                .result_kind
-                .as_deref()
-                .map(str::parse)
-                .transpose()
-                .map_err(|e: String| StoreError::Decode(format!("tasks.result_kind: {e}")))?,
+            result_kind: t.result_kind.as_deref().map(result_kind).transpose()?,
             seq: t.seq,
             task_id: t.task_id,
             owner: t.owner,
@@ -77,18 +79,34 @@ pub struct TaskEventText {
     pub ttl_ms: Option<i64>,
     pub poll_interval_ms: Option<i64>,
     pub tool_error: bool,
+    /// The outcome, when the change ended the task and the outcome is
+    /// small (the feed reads say which).
+    pub result: Option<String>,
+    pub result_kind: Option<String>,
 }
 
 impl TryFrom<TaskEventText> for TaskEvent {
     type Error = StoreError;
     fn try_from(e: TaskEventText) -> Result<Self, StoreError> {
+        let to_status = status("task_events.to_status", &e.to_status)?;
+        let outcome = match (e.result, e.result_kind) {
+            (Some(result), Some(kind)) if to_status.is_terminal() => Some(TaskOutcome {
+                status: to_status,
+                status_message: e.message.clone(),
+                result,
+                result_kind: result_kind(&kind)?,
+                tool_error: e.tool_error,
+            }),
+            _ => None,
+        };
         Ok(TaskEvent {
+            outcome,
             from_status: e
                 .from_status
                 .as_deref()
                 .map(|s| status("task_events.from_status", s))
                 .transpose()?,
-            to_status: status("task_events.to_status", &e.to_status)?,
+            to_status,
             id: e.id,
             task_id: e.task_id,
             owner: e.owner,
