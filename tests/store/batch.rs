@@ -241,6 +241,73 @@ async fn write_batch_of_one_kind_answers_each_write(db: TestDb) {
 }
 store_test!(write_batch_of_one_kind_answers_each_write);
 
+/// Issue 26: a batch of completions and a claim (what a busy worker
+/// process commits) answers each write in its place: the completions took
+/// (a lost lease answers LeaseLost), the claim took the queued jobs,
+/// whatever the claim's place in the batch. (PostgreSQL runs it as two
+/// statements, completions first; SQLite as one transaction.)
+async fn write_batch_of_completions_and_a_claim_answers_each_write(db: TestDb) {
+    let raw = db.raw().await;
+    for id in ["a", "b"] {
+        db.store
+            .task_create(&new_task(id, "alice"), Some(JOB), None, T0)
+            .await
+            .unwrap();
+    }
+    let running = db
+        .store
+        .job_claim_available("w1", "lease-1", &echo(2), 2, LEASE_MS, T0 + 1)
+        .await
+        .unwrap();
+    for id in ["c", "d"] {
+        db.store
+            .task_create(&new_task(id, "alice"), Some(JOB), None, T0 + 2)
+            .await
+            .unwrap();
+    }
+    let claim = Write::Claim {
+        worker: "w1".into(),
+        lease_token: "lease-2".into(),
+        quotas: echo(5),
+        limit: 5,
+        lease_ms: LEASE_MS,
+    };
+    let ops = vec![
+        complete_op(running[0].task_seq, "lease-1", completed_outcome()),
+        claim,
+        complete_op(running[1].task_seq, "not-the-lease", completed_outcome()),
+    ];
+    let mut done = db
+        .store
+        .write_batch(&ops, T0 + 3)
+        .await
+        .unwrap()
+        .into_iter();
+    assert!(completed(done.next().unwrap()).unwrap());
+    let mut took: Vec<String> = match done.next().unwrap().unwrap() {
+        Written::Claimed(jobs) => jobs.into_iter().map(|j| j.task_id).collect(),
+        other => panic!("expected a claim, got {other:?}"),
+    };
+    took.sort();
+    assert_eq!(took, ["c", "d"]);
+    assert_lease_lost(completed(done.next().unwrap()));
+    assert!(done.next().is_none());
+    assert_eq!(
+        get(&db.store, &running[0].task_id).await.status,
+        TaskStatus::Completed
+    );
+    assert_eq!(
+        get(&db.store, &running[1].task_id).await.status,
+        TaskStatus::Working
+    );
+    assert_eq!(
+        job(&raw, running[1].task_seq).await.unwrap().state,
+        "running"
+    );
+    raw.close().await;
+}
+store_test!(write_batch_of_completions_and_a_claim_answers_each_write);
+
 /// The same job completed twice in one batch: the first holds the lease,
 /// the second is fenced out.
 async fn write_batch_same_job_twice_second_is_fenced(db: TestDb) {

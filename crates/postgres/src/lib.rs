@@ -321,9 +321,16 @@ impl Storage for PostgresStore {
         // A batch of creations only, or of completions only: one statement.
         // Should it fail, nothing was written, and the general way tells
         // each write's own error.
+        // So is each kind of a batch of completions and one claim.
         let alone = match self.create_alone(writes, now).await {
             Some(done) => Some(done),
-            None => self.complete_alone(writes, now).await,
+            None => match self
+                .complete_alone(&writes.iter().collect::<Vec<_>>(), now)
+                .await
+            {
+                Some(done) => Some(done),
+                None => self.complete_then_claim(writes, now).await,
+            },
         };
         match alone {
             Some(Ok(done)) => return Ok(done),
