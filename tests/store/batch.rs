@@ -248,17 +248,7 @@ store_test!(write_batch_of_one_kind_answers_each_write);
 /// statements, completions first; SQLite as one transaction.)
 async fn write_batch_of_completions_and_a_claim_answers_each_write(db: TestDb) {
     let raw = db.raw().await;
-    for id in ["a", "b"] {
-        db.store
-            .task_create(&new_task(id, "alice"), Some(JOB), None, T0)
-            .await
-            .unwrap();
-    }
-    let running = db
-        .store
-        .job_claim_available("w1", "lease-1", &echo(2), 2, LEASE_MS, T0 + 1)
-        .await
-        .unwrap();
+    let running = running_tasks(&db.store, 2).await;
     for id in ["c", "d"] {
         db.store
             .task_create(&new_task(id, "alice"), Some(JOB), None, T0 + 2)
@@ -273,9 +263,9 @@ async fn write_batch_of_completions_and_a_claim_answers_each_write(db: TestDb) {
         lease_ms: LEASE_MS,
     };
     let ops = vec![
-        complete_op(running[0].task_seq, "lease-1", completed_outcome()),
+        complete_op(running[0], "lease-1", completed_outcome()),
         claim,
-        complete_op(running[1].task_seq, "not-the-lease", completed_outcome()),
+        complete_op(running[1], "not-the-lease", completed_outcome()),
     ];
     let mut done = db
         .store
@@ -292,18 +282,9 @@ async fn write_batch_of_completions_and_a_claim_answers_each_write(db: TestDb) {
     assert_eq!(took, ["c", "d"]);
     assert_lease_lost(completed(done.next().unwrap()));
     assert!(done.next().is_none());
-    assert_eq!(
-        get(&db.store, &running[0].task_id).await.status,
-        TaskStatus::Completed
-    );
-    assert_eq!(
-        get(&db.store, &running[1].task_id).await.status,
-        TaskStatus::Working
-    );
-    assert_eq!(
-        job(&raw, running[1].task_seq).await.unwrap().state,
-        "running"
-    );
+    assert_eq!(get(&db.store, "t0").await.status, TaskStatus::Completed);
+    assert_eq!(get(&db.store, "t1").await.status, TaskStatus::Working);
+    assert_eq!(job(&raw, running[1]).await.unwrap().state, "running");
     raw.close().await;
 }
 store_test!(write_batch_of_completions_and_a_claim_answers_each_write);
