@@ -167,7 +167,7 @@ impl Writer {
                 };
                 // Completions that took: this process's waiters get the
                 // outcome with the word (no read of the task again).
-                let mut ended = Vec::new();
+                let mut ended = HashSet::new();
                 for (write, d) in writes.iter().zip(&done) {
                     if let (
                         Write::Complete {
@@ -176,13 +176,11 @@ impl Writer {
                         Ok(Written::Completed(true)),
                     ) = (write, d)
                     {
-                        ended.push((task_id, outcome));
+                        feed.ended(task_id, || outcome.clone(), now);
+                        ended.insert(task_id.as_str());
                     }
                 }
-                for (task_id, outcome) in &ended {
-                    feed.ended(task_id, || (*outcome).clone(), now);
-                }
-                finished.retain(|id| !ended.iter().any(|(ended, _)| *ended == id));
+                finished.retain(|id| !ended.contains(id.as_str()));
                 for (reply, d) in replies.into_iter().zip(done) {
                     reply.send(d);
                 }
