@@ -301,10 +301,13 @@ impl PostgresStore {
             Ok(done) => done,
             Err(e) => return Some(Err(e)),
         };
-        let claimed = self
-            .claim_alone(std::slice::from_ref(claim), now)
-            .await?
-            .map(Written::Claimed);
+        // The completions are committed: from here every write is told
+        // its own result (never None, which would send the caller the
+        // general way and write them again).
+        let claimed = match self.claim_alone(std::slice::from_ref(claim), now).await {
+            Some(claimed) => claimed.map(Written::Claimed),
+            None => Err(StoreError::Batch("the claim needs a transaction".into())),
+        };
         let mut completed = completed.into_iter();
         let mut claimed = Some(claimed);
         Some(Ok(writes
