@@ -289,6 +289,95 @@ async fn write_batch_of_completions_and_a_claim_answers_each_write(db: TestDb) {
 }
 store_test!(write_batch_of_completions_and_a_claim_answers_each_write);
 
+/// Issue 26: a batch of creations, completions and a claim (what a broker
+/// with its own workers commits under load; on PostgreSQL one statement
+/// for the creations and completions, then the claim) answers each write
+/// in its place: the claim, first in the batch, takes the jobs created
+/// after it in the batch, and those tasks are served running, not queued;
+/// the completion whose lease holds took, the other is LeaseLost. Then the
+/// same shape with a creation that fails (the one statement fails whole,
+/// the general way tells each write its own answer): the completion is
+/// written once, the good creation is claimed.
+async fn write_batch_of_creations_completions_and_a_claim_answers_each_write(db: TestDb) {
+    let raw = db.raw().await;
+    let running = running_tasks(&db.store, 3).await;
+    let claim = |token: &str| Write::Claim {
+        worker: "w2".into(),
+        lease_token: token.into(),
+        quotas: echo(5),
+        limit: 5,
+        lease_ms: LEASE_MS,
+    };
+    let ops = vec![
+        claim("lease-2"),
+        create_op(new_task("n1", "bob"), Some(JOB), None),
+        complete_op(running[0], "lease-1", completed_outcome()),
+        create_op(new_task("n2", "bob"), Some(JOB), None),
+        complete_op(running[1], "not-the-lease", completed_outcome()),
+    ];
+    let mut done = db
+        .store
+        .write_batch(&ops, T0 + 3)
+        .await
+        .unwrap()
+        .into_iter();
+    let mut took: Vec<String> = match done.next().unwrap().unwrap() {
+        Written::Claimed(jobs) => jobs.into_iter().map(|j| j.task_id).collect(),
+        other => panic!("expected a claim, got {other:?}"),
+    };
+    took.sort();
+    assert_eq!(took, ["n1", "n2"]);
+    let n1 = created(done.next().unwrap()).unwrap();
+    assert!(completed(done.next().unwrap()).unwrap());
+    let n2 = created(done.next().unwrap()).unwrap();
+    assert_lease_lost(completed(done.next().unwrap()));
+    assert!(done.next().is_none());
+    for row in [&n1, &n2] {
+        assert_eq!(row.status, TaskStatus::Working);
+        assert_eq!(row.status_message, None, "claimed at once: not queued");
+        assert_eq!(job(&raw, row.seq).await.unwrap().state, "running");
+    }
+    assert_eq!(get(&db.store, "t0").await.status, TaskStatus::Completed);
+    assert_eq!(job(&raw, running[1]).await.unwrap().state, "running");
+
+    let bad = NewTask {
+        arguments: "not json".to_owned(),
+        ..new_task("bad", "bob")
+    };
+    let ops = vec![
+        complete_op(running[2], "lease-1", completed_outcome()),
+        create_op(bad, Some(JOB), None),
+        create_op(new_task("n3", "bob"), Some(JOB), None),
+        claim("lease-3"),
+    ];
+    let mut done = db
+        .store
+        .write_batch(&ops, T0 + 4)
+        .await
+        .unwrap()
+        .into_iter();
+    assert!(completed(done.next().unwrap()).unwrap());
+    assert!(created(done.next().unwrap()).is_err());
+    let n3 = created(done.next().unwrap()).unwrap();
+    let took: Vec<i64> = match done.next().unwrap().unwrap() {
+        Written::Claimed(jobs) => jobs.into_iter().map(|j| j.task_seq).collect(),
+        other => panic!("expected a claim, got {other:?}"),
+    };
+    assert_eq!(took, [n3.seq]);
+    assert!(done.next().is_none());
+    assert_eq!(
+        transitions(&raw, "t2").await,
+        vec![tr(None, "working"), tr(Some("working"), "completed")],
+        "the completion is written once"
+    );
+    assert_eq!(
+        count_all(&raw, "SELECT count(*) FROM tasks WHERE task_id = 'bad'").await,
+        0
+    );
+    raw.close().await;
+}
+store_test!(write_batch_of_creations_completions_and_a_claim_answers_each_write);
+
 /// The same job completed twice in one batch: the first holds the lease,
 /// the second is fenced out.
 async fn write_batch_same_job_twice_second_is_fenced(db: TestDb) {

@@ -2,7 +2,8 @@
 //! completion and a claim one at a time, and creations and completions
 //! grouped (the two passes, the savepoints and the fan-out are shared:
 //! `taskbroker_storage::batch`); and the batches that are one statement
-//! committed on their own (a claim, creations only, completions only).
+//! committed on their own (a claim; creations and completions, with a
+//! claim after them as a second statement).
 //! The grouped statements read their rows from one JSON document with
 //! `jsonb_to_recordset`, or from arrays with `unnest`; a completion locks
 //! its jobs before its tasks, in the order of their keys (the crate doc's
@@ -65,34 +66,82 @@ impl PostgresStore {
             .await,
         )
     }
-    /// A batch of creations only, each with its job and no outcome (what a
-    /// broker's writer commits under load), as one statement committed on
-    /// its own: the tasks and their jobs inserted together, one round trip
-    /// instead of four (`BEGIN`, two inserts, `COMMIT`). None: not such a
-    /// batch. An error means nothing was written: the caller goes the
-    /// general way, which tells each creation's own error.
-    pub(crate) async fn create_alone(
+    /// A batch of creations (each with its job and no outcome), completions
+    /// (of distinct jobs) and at most one claim that needs no transaction:
+    /// what a broker with its own workers commits under load. The creations
+    /// and completions are one statement committed on its own (the tasks
+    /// and their jobs inserted; each job closed if its lease holds, then its
+    /// task's outcome recorded unless the task is terminal already), then
+    /// the claim is another: two round trips instead of seven. The claim
+    /// comes last whatever its place in the batch (it can only gain: it
+    /// sees the new jobs, and the slots and running counts the completions
+    /// freed). None: not such a batch, or a claim alone (`claim_alone`). An
+    /// error means nothing was written: the caller goes the general way,
+    /// which tells each write's own error. A failed claim after the first
+    /// statement is that write's own error.
+    pub(crate) async fn write_alone(
         &self,
         writes: &[Write],
         now: i64,
     ) -> Option<Result<Vec<Done>, StoreError>> {
-        let mut items = Vec::with_capacity(writes.len());
-        for write in writes {
-            match write {
-                Write::Create {
-                    new,
-                    job: Some(job),
-                    outcome: None,
-                } => items.push((&**new, *job)),
-                _ => return None,
-            }
-        }
-        if items.is_empty() {
-            return None;
-        }
-        let mut tasks = new_tasks_json(&items, now);
+        let plain = Plain::of(writes)?;
+        let written = match self.create_and_complete(&plain, now).await {
+            Ok(written) => written,
+            Err(e) => return Some(Err(e)),
+        };
+        // Committed: from here every write is told its own result (never
+        // None, which would send the caller the general way and write them
+        // again).
+        let mut claimed = match plain.claim {
+            Some(claim) => Some(
+                match self.claim_alone(std::slice::from_ref(claim), now).await {
+                    Some(claimed) => claimed.map(Written::Claimed),
+                    None => Err(StoreError::Batch("the claim needs a transaction".into())),
+                },
+            ),
+            None => None,
+        };
+        // A new task whose job the claim took is served as running, not
+        // queued (as if the claim were in its commit).
+        let taken: HashSet<i64> = match &claimed {
+            Some(Ok(Written::Claimed(jobs))) => jobs.iter().map(|j| j.task_seq).collect(),
+            _ => HashSet::new(),
+        };
+        let (mut created, took) = written;
+        Some(Ok(writes
+            .iter()
+            .map(|write| match write {
+                Write::Create { new, .. } => created
+                    .remove(&new.task_id)
+                    .map(|row| {
+                        let queued = !taken.contains(&row.seq);
+                        Ok(Written::Created(as_served(row, queued)))
+                    })
+                    .unwrap_or_else(|| {
+                        Err(StoreError::Batch("a grouped insert lost a row".into()))
+                    }),
+                Write::Complete { task_seq, .. } => match took.get(task_seq) {
+                    Some(took) => Ok(Written::Completed(*took)),
+                    None => Err(StoreError::LeaseLost),
+                },
+                _ => claimed
+                    .take()
+                    .unwrap_or_else(|| Err(StoreError::Batch("a second claim".into()))),
+            })
+            .collect()))
+    }
+
+    /// The one statement of [`Self::write_alone`]: the creations' rows as
+    /// stored, by task id, and for each completion whose lease held whether
+    /// its task took the outcome (absent: the lease was lost).
+    async fn create_and_complete(
+        &self,
+        plain: &Plain<'_>,
+        now: i64,
+    ) -> Result<(HashMap<String, TaskRow>, HashMap<i64, bool>), StoreError> {
+        let mut tasks = new_tasks_json(&plain.creations, now);
         if let Value::Array(rows) = &mut tasks {
-            for (row, (_, job)) in rows.iter_mut().zip(&items) {
+            for (row, (_, job)) in rows.iter_mut().zip(&plain.creations) {
                 if let Value::Object(row) = row {
                     row.insert("max_attempts".into(), job.max_attempts.into());
                     row.insert("priority".into(), job.priority.into());
@@ -103,117 +152,8 @@ impl PostgresStore {
                 }
             }
         }
-        Some(
-            async {
-                let rows = sqlx::query_as!(
-                    TaskText,
-                    r#"WITH c AS (SELECT * FROM jsonb_to_recordset($2::jsonb)
-                                  AS c(task_id text, owner text, tool text, arguments text,
-                                       ttl_ms bigint, expires_at bigint, poll_interval_ms bigint,
-                                       progress_token text, session_id text,
-                                       client_capabilities text, idempotency_key text,
-                                       retain_completed_ms bigint, retain_failed_ms bigint,
-                                       retain_cancelled_ms bigint, archive boolean,
-                                       traceparent text, tracestate text, max_attempts bigint,
-                                       priority bigint, run_after bigint)),
-                            t AS (INSERT INTO tasks (task_id, owner, tool, arguments, status,
-                                                     created_at, updated_at, ttl_ms, expires_at,
-                                                     poll_interval_ms, progress_token, session_id,
-                                                     client_capabilities, idempotency_key,
-                                                     retain_completed_ms, retain_failed_ms,
-                                                     retain_cancelled_ms, archive, traceparent,
-                                                     tracestate)
-                                  SELECT c.task_id, c.owner, c.tool, c.arguments, 'working', $1, $1,
-                                         c.ttl_ms, c.expires_at, c.poll_interval_ms,
-                                         c.progress_token, c.session_id, c.client_capabilities,
-                                         c.idempotency_key, c.retain_completed_ms,
-                                         c.retain_failed_ms, c.retain_cancelled_ms, c.archive,
-                                         c.traceparent, c.tracestate
-                                    FROM c
-                                  RETURNING seq, task_id, owner, tool, arguments, status,
-                                            status_message, created_at, updated_at, ttl_ms,
-                                            expires_at, poll_interval_ms, progress_token, result,
-                                            result_kind, tool_error),
-                            j AS (INSERT INTO jobs (task_seq, tool, owner, max_attempts, priority,
-                                                    run_after, turn)
-                                  SELECT t.seq, t.tool, t.owner, c.max_attempts, c.priority,
-                                         c.run_after,
-                                         GREATEST(COALESCE((SELECT max(turn) + 1 FROM jobs q
-                                                             WHERE q.priority = c.priority
-                                                               AND q.owner = c.owner
-                                                               AND q.state = 'queued'
-                                                               AND q.run_after <= $1), 0),
-                                                  COALESCE((SELECT max(turn) FROM jobs q
-                                                             WHERE q.tool = c.tool
-                                                               AND q.priority = c.priority
-                                                               AND q.state = 'running'),
-                                                           (SELECT min(turn) FROM jobs q
-                                                             WHERE q.tool = c.tool
-                                                               AND q.priority = c.priority
-                                                               AND q.state = 'queued'
-                                                               AND q.run_after <= $1), 0))
-                                         + row_number() OVER (PARTITION BY c.owner, c.priority
-                                                              ORDER BY t.seq) - 1
-                                    FROM t JOIN c ON c.task_id = t.task_id)
-                       SELECT seq AS "seq!", task_id AS "task_id!", owner AS "owner!",
-                              tool AS "tool!", arguments AS "arguments!", status AS "status!",
-                              status_message, created_at AS "created_at!",
-                              updated_at AS "updated_at!", ttl_ms, expires_at, poll_interval_ms,
-                              progress_token, result, result_kind, tool_error AS "tool_error!"
-                         FROM t"#,
-                    now,
-                    tasks
-                )
-                .fetch_all(&self.pool)
-                .await?;
-                let rows: Vec<TaskRow> = text::rows(rows)?;
-                let mut by_id: HashMap<String, TaskRow> = rows
-                    .into_iter()
-                    .map(|row| (row.task_id.clone(), row))
-                    .collect();
-                items
-                    .iter()
-                    .map(|(new, _)| {
-                        by_id
-                            .remove(&new.task_id)
-                            .map(|row| Ok(Written::Created(as_served(row, true))))
-                            .ok_or_else(|| StoreError::Batch("a grouped insert lost a row".into()))
-                    })
-                    .collect()
-            }
-            .await,
-        )
-    }
-
-    /// A batch of completions only, of distinct jobs (what a worker
-    /// process commits under load), as one statement committed on its own:
-    /// each job closed if its lease holds, then its task's outcome recorded
-    /// unless the task is terminal already; one round trip instead of four.
-    /// None: not such a batch. An error means nothing was written.
-    pub(crate) async fn complete_alone(
-        &self,
-        writes: &[&Write],
-        now: i64,
-    ) -> Option<Result<Vec<Done>, StoreError>> {
-        let mut seqs = HashSet::with_capacity(writes.len());
-        let mut items = Vec::with_capacity(writes.len());
-        for &write in writes {
-            match write {
-                Write::Complete {
-                    task_seq,
-                    lease_token,
-                    outcome,
-                    ..
-                } if seqs.insert(*task_seq) => items.push((*task_seq, lease_token, outcome)),
-                _ => return None,
-            }
-        }
-        if items.is_empty() {
-            return None;
-        }
-        // In the order of their keys, as the general way locks them.
-        items.sort_unstable_by_key(|(seq, _, _)| *seq);
-        let completions: Value = items
+        let completions: Value = plain
+            .completions
             .iter()
             .map(|(seq, token, o)| {
                 json!({
@@ -227,100 +167,178 @@ impl PostgresStore {
                 })
             })
             .collect();
-        Some(
-            async {
-                let rows = sqlx::query!(
-                    r#"WITH c AS (SELECT * FROM jsonb_to_recordset($2::jsonb)
-                                  AS c(seq bigint, token text, status text, message text,
-                                       result text, kind text, tool_error boolean)),
-                            fenced AS (UPDATE jobs SET state = 'done', lease_token = NULL,
-                                              lease_expires_at = NULL, finished_at = $1,
-                                              changed_at = $1, last_error = NULL
-                                         FROM c
-                                        WHERE jobs.task_seq = c.seq AND jobs.lease_token = c.token
-                                          AND jobs.state = 'running'
-                                       RETURNING jobs.task_seq),
-                            took AS (UPDATE tasks SET status = c.status, status_message = c.message,
-                                            result = c.result, result_kind = c.kind,
-                                            tool_error = c.tool_error,
-                                            updated_at = GREATEST(tasks.updated_at, $1)
-                                       FROM c JOIN fenced f ON f.task_seq = c.seq
-                                      WHERE tasks.seq = c.seq
-                                        AND tasks.status IN ('working', 'input_required')
-                                     RETURNING tasks.seq)
-                       SELECT f.task_seq AS "seq!", (t.seq IS NOT NULL) AS "took!"
-                         FROM fenced f LEFT JOIN took t ON t.seq = f.task_seq"#,
-                    now,
-                    completions
-                )
-                .fetch_all(&self.pool)
-                .await?;
-                let took: HashMap<i64, bool> = rows.into_iter().map(|r| (r.seq, r.took)).collect();
-                Ok(writes
-                    .iter()
-                    .map(|write| match write {
-                        Write::Complete { task_seq, .. } => match took.get(task_seq) {
-                            Some(took) => Ok(Written::Completed(*took)),
-                            None => Err(StoreError::LeaseLost),
-                        },
-                        _ => Err(StoreError::Batch("not a completion".into())),
-                    })
-                    .collect())
-            }
-            .await,
+        // Creation rows carry their task; completion rows only `seq` and
+        // `took` (a column no creation row sets).
+        let rows = sqlx::query!(
+            r#"WITH c AS (SELECT * FROM jsonb_to_recordset($2::jsonb)
+                          AS c(task_id text, owner text, tool text, arguments text,
+                               ttl_ms bigint, expires_at bigint, poll_interval_ms bigint,
+                               progress_token text, session_id text,
+                               client_capabilities text, idempotency_key text,
+                               retain_completed_ms bigint, retain_failed_ms bigint,
+                               retain_cancelled_ms bigint, archive boolean,
+                               traceparent text, tracestate text, max_attempts bigint,
+                               priority bigint, run_after bigint)),
+                    t AS (INSERT INTO tasks (task_id, owner, tool, arguments, status,
+                                             created_at, updated_at, ttl_ms, expires_at,
+                                             poll_interval_ms, progress_token, session_id,
+                                             client_capabilities, idempotency_key,
+                                             retain_completed_ms, retain_failed_ms,
+                                             retain_cancelled_ms, archive, traceparent,
+                                             tracestate)
+                          SELECT c.task_id, c.owner, c.tool, c.arguments, 'working', $1, $1,
+                                 c.ttl_ms, c.expires_at, c.poll_interval_ms,
+                                 c.progress_token, c.session_id, c.client_capabilities,
+                                 c.idempotency_key, c.retain_completed_ms,
+                                 c.retain_failed_ms, c.retain_cancelled_ms, c.archive,
+                                 c.traceparent, c.tracestate
+                            FROM c
+                          RETURNING seq, task_id, owner, tool, arguments, status,
+                                    status_message, created_at, updated_at, ttl_ms,
+                                    expires_at, poll_interval_ms, progress_token, result,
+                                    result_kind, tool_error),
+                    j AS (INSERT INTO jobs (task_seq, tool, owner, max_attempts, priority,
+                                            run_after, turn)
+                          SELECT t.seq, t.tool, t.owner, c.max_attempts, c.priority,
+                                 c.run_after,
+                                 GREATEST(COALESCE((SELECT max(turn) + 1 FROM jobs q
+                                                     WHERE q.priority = c.priority
+                                                       AND q.owner = c.owner
+                                                       AND q.state = 'queued'
+                                                       AND q.run_after <= $1), 0),
+                                          COALESCE((SELECT max(turn) FROM jobs q
+                                                     WHERE q.tool = c.tool
+                                                       AND q.priority = c.priority
+                                                       AND q.state = 'running'),
+                                                   (SELECT min(turn) FROM jobs q
+                                                     WHERE q.tool = c.tool
+                                                       AND q.priority = c.priority
+                                                       AND q.state = 'queued'
+                                                       AND q.run_after <= $1), 0))
+                                 + row_number() OVER (PARTITION BY c.owner, c.priority
+                                                      ORDER BY t.seq) - 1
+                            FROM t JOIN c ON c.task_id = t.task_id),
+                    d AS (SELECT * FROM jsonb_to_recordset($3::jsonb)
+                          AS d(seq bigint, token text, status text, message text,
+                               result text, kind text, tool_error boolean)),
+                    fenced AS (UPDATE jobs SET state = 'done', lease_token = NULL,
+                                      lease_expires_at = NULL, finished_at = $1,
+                                      changed_at = $1, last_error = NULL
+                                 FROM d
+                                WHERE jobs.task_seq = d.seq AND jobs.lease_token = d.token
+                                  AND jobs.state = 'running'
+                               RETURNING jobs.task_seq),
+                    took AS (UPDATE tasks SET status = d.status, status_message = d.message,
+                                    result = d.result, result_kind = d.kind,
+                                    tool_error = d.tool_error,
+                                    updated_at = GREATEST(tasks.updated_at, $1)
+                               FROM d JOIN fenced f ON f.task_seq = d.seq
+                              WHERE tasks.seq = d.seq
+                                AND tasks.status IN ('working', 'input_required')
+                             RETURNING tasks.seq)
+               SELECT seq AS "seq!", task_id AS "task_id?", owner AS "owner?", tool AS "tool?",
+                      arguments AS "arguments?", status AS "status?",
+                      status_message AS "status_message?", created_at AS "created_at?",
+                      updated_at AS "updated_at?", ttl_ms AS "ttl_ms?",
+                      expires_at AS "expires_at?", poll_interval_ms AS "poll_interval_ms?",
+                      progress_token AS "progress_token?", result AS "result?",
+                      result_kind AS "result_kind?", tool_error AS "tool_error?",
+                      NULL::boolean AS "took?"
+                 FROM t
+               UNION ALL
+               SELECT f.task_seq, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL,
+                      NULL, NULL, NULL, NULL, NULL, (k.seq IS NOT NULL)
+                 FROM fenced f LEFT JOIN took k ON k.seq = f.task_seq"#,
+            now,
+            tasks,
+            completions
         )
+        .fetch_all(&self.pool)
+        .await?;
+        let mut created = HashMap::with_capacity(plain.creations.len());
+        let mut took = HashMap::with_capacity(plain.completions.len());
+        for r in rows {
+            if let Some(t) = r.took {
+                took.insert(r.seq, t);
+                continue;
+            }
+            let missing = || StoreError::Batch("a created row came back incomplete".into());
+            let row: TaskRow = TaskText {
+                seq: r.seq,
+                task_id: r.task_id.ok_or_else(missing)?,
+                owner: r.owner.ok_or_else(missing)?,
+                tool: r.tool.ok_or_else(missing)?,
+                arguments: r.arguments.ok_or_else(missing)?,
+                status: r.status.ok_or_else(missing)?,
+                status_message: r.status_message,
+                created_at: r.created_at.ok_or_else(missing)?,
+                updated_at: r.updated_at.ok_or_else(missing)?,
+                ttl_ms: r.ttl_ms,
+                expires_at: r.expires_at,
+                poll_interval_ms: r.poll_interval_ms,
+                progress_token: r.progress_token,
+                result: r.result,
+                result_kind: r.result_kind,
+                tool_error: r.tool_error.ok_or_else(missing)?,
+            }
+            .try_into()?;
+            created.insert(row.task_id.clone(), row);
+        }
+        Ok((created, took))
     }
+}
 
-    /// A batch of completions and one claim (what a busy worker process
-    /// commits: jobs ended, their slots taken again) as the two statements
-    /// above, completions first, each committed on its own: two round trips
-    /// instead of five. The claim comes after the completions whatever its
-    /// place in the batch (it can only gain: a tool limited across
-    /// processes counts the jobs still running). None: not such a batch,
-    /// or a claim that needs a transaction. An error means the completions
-    /// wrote nothing (the caller goes the general way); a failed claim
-    /// after them is that write's own error.
-    pub(crate) async fn complete_then_claim(
-        &self,
-        writes: &[Write],
-        now: i64,
-    ) -> Option<Result<Vec<Done>, StoreError>> {
-        let mut claim = None;
-        let mut completions = Vec::with_capacity(writes.len());
+/// The writes of a batch that [`PostgresStore::write_alone`] commits in
+/// one statement (and a claim after it), split by kind.
+struct Plain<'a> {
+    creations: Vec<(&'a NewTask, NewJob)>,
+    completions: Vec<(i64, &'a str, &'a TaskOutcome)>,
+    claim: Option<&'a Write>,
+}
+
+impl<'a> Plain<'a> {
+    /// None when any write is of another kind (a creation without a job or
+    /// with an outcome, a second completion of one job, a second claim, a
+    /// claim that needs a transaction, anything else), or when there is
+    /// nothing but a claim.
+    fn of(writes: &'a [Write]) -> Option<Self> {
+        let mut plain = Plain {
+            creations: Vec::new(),
+            completions: Vec::new(),
+            claim: None,
+        };
+        let mut seqs = HashSet::new();
         for write in writes {
             match write {
-                Write::Claim { quotas, .. } if claim.is_none() && !needs_transaction(quotas) => {
-                    claim = Some(write);
+                Write::Create {
+                    new,
+                    job: Some(job),
+                    outcome: None,
+                } => plain.creations.push((&**new, *job)),
+                Write::Complete {
+                    task_seq,
+                    lease_token,
+                    outcome,
+                    ..
+                } if seqs.insert(*task_seq) => {
+                    plain
+                        .completions
+                        .push((*task_seq, lease_token.as_str(), outcome))
                 }
-                Write::Complete { .. } => completions.push(write),
+                Write::Claim { quotas, .. }
+                    if plain.claim.is_none() && !needs_transaction(quotas) =>
+                {
+                    plain.claim = Some(write);
+                }
                 _ => return None,
             }
         }
-        let claim = claim?;
-        let completed = match self.complete_alone(&completions, now).await? {
-            Ok(done) => done,
-            Err(e) => return Some(Err(e)),
-        };
-        // The completions are committed: from here every write is told
-        // its own result (never None, which would send the caller the
-        // general way and write them again).
-        let claimed = match self.claim_alone(std::slice::from_ref(claim), now).await {
-            Some(claimed) => claimed.map(Written::Claimed),
-            None => Err(StoreError::Batch("the claim needs a transaction".into())),
-        };
-        let mut completed = completed.into_iter();
-        let mut claimed = Some(claimed);
-        Some(Ok(writes
-            .iter()
-            .map(|write| match write {
-                Write::Claim { .. } => claimed
-                    .take()
-                    .unwrap_or_else(|| Err(StoreError::Batch("a second claim".into()))),
-                _ => completed
-                    .next()
-                    .unwrap_or_else(|| Err(StoreError::Batch("a completion not done".into()))),
-            })
-            .collect()))
+        if plain.creations.is_empty() && plain.completions.is_empty() {
+            return None;
+        }
+        // In the order of their keys, as the general way locks them.
+        plain.completions.sort_unstable_by_key(|(seq, _, _)| *seq);
+        Some(plain)
     }
 }
 

@@ -318,21 +318,10 @@ impl Storage for PostgresStore {
         if let Some(claimed) = self.claim_alone(writes, now).await {
             return Ok(vec![Ok(Written::Claimed(claimed?))]);
         }
-        // A batch of creations only, or of completions only: one statement.
-        // Should it fail, nothing was written, and the general way tells
-        // each write's own error.
-        // So is each kind of a batch of completions and one claim.
-        let alone = match self.create_alone(writes, now).await {
-            Some(done) => Some(done),
-            None => match self
-                .complete_alone(&writes.iter().collect::<Vec<_>>(), now)
-                .await
-            {
-                Some(done) => Some(done),
-                None => self.complete_then_claim(writes, now).await,
-            },
-        };
-        match alone {
+        // Creations, completions and a claim: one statement, then the
+        // claim. Should the statement fail, nothing was written, and the
+        // general way tells each write's own error.
+        match self.write_alone(writes, now).await {
             Some(Ok(done)) => return Ok(done),
             Some(Err(e)) => {
                 tracing::debug!(error = %e, writes = writes.len(), "one-statement batch failed; the general way");
