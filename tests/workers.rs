@@ -568,13 +568,14 @@ async fn worker_processes_read_the_feed_per_second_not_per_commit(driver: Driver
         reads <= bound,
         "worker feeds read {reads} times in {seconds:.1} s (bound {bound})"
     );
-    // The claim herd. On SQLite a commit that queued jobs wakes every idle
-    // worker, and each one costs a claim statement, or a look and maybe a
-    // claim: at most 2 per task (measured 0.7-1.0; every commit waking
-    // every worker, completions too, would be about 2.7: 4 workers for
-    // each of about 2 commits per 3 tasks). On PostgreSQL the commit names
-    // as many live worker processes as it queued jobs, and the others look
-    // only 50 ms later if still idle: at most 1.1 per task (measured
+    // The claim herd. A commit that queued jobs names as many live worker
+    // processes as jobs, and the others look only 50 ms later if still
+    // idle. On SQLite each claim costs a look and maybe a claim statement,
+    // and the live workers are read once a second (the first second names
+    // no one): at most 2 per task (measured 0.54-0.90; 0.7-1.0 when every
+    // idle worker looked at once; every commit waking every worker,
+    // completions too, would be about 2.7: 4 workers for each of about 2
+    // commits per 3 tasks). On PostgreSQL: at most 1.1 per task (measured
     // 0.74-0.81; 1.22-1.45 when every idle worker claimed at once).
     let bound = match driver {
         Driver::Sqlite => 2.0,

@@ -219,10 +219,13 @@ impl Feed {
         self.announce(Signal::Control);
     }
 
-    /// Tell the claimers of every process that this one just made jobs
-    /// claimable (this process's own pool is woken apart).
-    pub fn announce_queued(&self) {
-        self.announce(Signal::Queued);
+    /// Tell the claimers of every process that this one just made `jobs`
+    /// jobs claimable (this process's own pool is woken apart); where the
+    /// driver can, the signal names as many worker processes.
+    pub fn announce_queued(&self, jobs: usize) {
+        if let Some(store) = self.store.get() {
+            store.announce_queued(jobs);
+        }
     }
 
     /// Tell the claimers of every process that a slot of a tool limited

@@ -71,7 +71,7 @@ pub async fn run(broker: Broker, config: MaintenanceConfig, shutdown: Cancellati
                     broker.feed().kick_statuses();
                     if report.requeued > 0 {
                         broker.job_queued().notify_one();
-                        broker.feed().announce_queued();
+                        broker.feed().announce_queued(usize::try_from(report.requeued).unwrap_or(usize::MAX));
                     }
                 }
                 Ok(_) => {}

@@ -198,7 +198,7 @@ impl Writer {
                     taken.len() == queued && taken.iter().all(|id| created.contains(id));
                 if queued > 0 && !all_handed {
                     job_queued.notify_one();
-                    feed.announce_queued();
+                    feed.announce_queued(queued.saturating_sub(taken.len()).max(1));
                 }
                 for at in starts {
                     alarm.set(at);

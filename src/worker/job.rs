@@ -84,7 +84,7 @@ impl WorkerPool {
                     span.set(|| vec![KeyValue::new(key::STATUS, "released")]);
                     match self.store.job_release(job.task_seq, &job.lease_token, now_ms()).await {
                         Ok(true) => {
-                            self.feed.announce_queued();
+                            self.feed.announce_queued(1);
                             tracing::info!(task_id = %job.task_id, "job released: queued for another worker, attempt not counted");
                         }
                         Ok(false) => tracing::info!(task_id = %job.task_id, "job of a cancelled task closed"),

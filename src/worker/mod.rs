@@ -256,7 +256,7 @@ impl WorkerPool {
                             .store
                             .job_unclaim(job.task_seq, &job.lease_token, now_ms())
                             .await;
-                        self.feed.announce_queued();
+                        self.feed.announce_queued(1);
                     }
                 }
             }

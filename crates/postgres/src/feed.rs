@@ -22,6 +22,7 @@ use async_trait::async_trait;
 use sqlx::postgres::{PgListener, PgPool, PgPoolOptions};
 use taskbroker_storage::{
     ChangeFeed, ClaimerId, FeedInterest, ProgressEvent, StoreError, TaskEvent, TaskStore,
+    asks_to_claim,
 };
 use tokio::sync::Notify;
 use tokio_util::sync::CancellationToken;
@@ -70,20 +71,6 @@ struct Signals {
 
 /// The payload of a progress notification (migration V13).
 const PROGRESS: &str = "progress";
-
-/// How a queued notification's payload starts when it names the worker
-/// processes to claim at once (migration V15).
-const NAMED: &str = "claim:";
-
-/// Whether a queued notification's `payload` asks `claimer` (this
-/// process's worker id, if it has a pool) to claim at once: yes unless it
-/// names claimers and not this one.
-fn asks(payload: &str, claimer: Option<&str>) -> bool {
-    match (payload.strip_prefix(NAMED), claimer) {
-        (Some(named), Some(me)) => named.split(' ').any(|id| id == me),
-        _ => true,
-    }
-}
 
 impl PgFeed {
     /// A feed at the head, following `interest`; listens until `shutdown`.
@@ -179,7 +166,7 @@ async fn run_listener(
         };
         match heard {
             Ok(Some(n)) if n.channel() == QUEUED => {
-                if asks(n.payload(), signals.claimer.get().map(String::as_str)) {
+                if asks_to_claim(n.payload(), signals.claimer.get().map(String::as_str)) {
                     signals.queued.notify_one();
                 } else {
                     signals.queued_for_others.notify_one();
@@ -287,20 +274,5 @@ impl ChangeFeed for PgFeed {
             self.last_event = last.id;
         }
         Ok(rows)
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    use super::asks;
-
-    #[test]
-    fn a_queued_payload_asks_the_named_claimers_or_everyone() {
-        assert!(asks("", Some("h:1:a")), "no names: everyone");
-        assert!(asks("", None));
-        assert!(asks("claim:h:1:a h:2:b", Some("h:2:b")));
-        assert!(!asks("claim:h:1:a h:2:b", Some("h:3:c")));
-        assert!(!asks("claim:h:1:ab", Some("h:1:a")), "whole ids only");
-        assert!(asks("claim:h:1:a", None), "no pool yet: everyone's");
     }
 }

@@ -1,15 +1,20 @@
 //! The SQLite change feed: `PRAGMA data_version` on a dedicated read
 //! connection says whether anything committed; the wake files (`wake.rs`)
 //! say so at once when another process commits a change of the feed's
-//! interest, or queues a job. SQLite has one writer, so feed ids are
-//! assigned and committed in order: a position is a plain id.
+//! interest, or queues a job (a poke that names other worker processes to
+//! claim it wakes `queued_for_others`, see `claimers.rs`). SQLite has one
+//! writer, so feed ids are assigned and committed in order: a position is
+//! a plain id.
 
 use std::sync::Arc;
 
 use async_trait::async_trait;
 use sqlx::Sqlite;
 use sqlx::pool::PoolConnection;
-use taskbroker_storage::{ChangeFeed, FeedInterest, ProgressEvent, Signal, StoreError, TaskEvent};
+use taskbroker_storage::{
+    ChangeFeed, ClaimerId, FeedInterest, ProgressEvent, Signal, StoreError, TaskEvent,
+    asks_to_claim,
+};
 use tokio::sync::Notify;
 use tokio_util::sync::CancellationToken;
 
@@ -23,6 +28,8 @@ pub(crate) struct SqliteFeed {
     conn: PoolConnection<Sqlite>,
     remote: Arc<Notify>,
     queued: Arc<Notify>,
+    queued_for_others: Arc<Notify>,
+    claimer: ClaimerId,
     last_progress: i64,
     last_event: i64,
 }
@@ -40,16 +47,38 @@ impl SqliteFeed {
         // they can be watched, else at the feed's next tick.
         let remote = Arc::new(Notify::new());
         let queued = Arc::new(Notify::new());
+        let queued_for_others = Arc::new(Notify::new());
+        let claimer = ClaimerId::default();
         match Wakes::open(store.path()) {
             Ok(wakes) => {
                 let followed = match interest {
                     FeedInterest::Everything => Signal::Changed,
                     FeedInterest::Control => Signal::Control,
                 };
-                for (signal, notify) in [(followed, &remote), (Signal::Queued, &queued)] {
-                    if let Err(e) = wakes.file(signal).watch(notify.clone(), shutdown.clone()) {
-                        tracing::info!(error = %e, ?signal, "no wake file watch: other processes' commits are seen at the next tick");
-                    }
+                let wake = remote.clone();
+                if let Err(e) = wakes
+                    .file(followed)
+                    .watch(move || wake.notify_one(), shutdown.clone())
+                {
+                    tracing::info!(error = %e, signal = ?followed, "no wake file watch: other processes' commits are seen at the next tick");
+                }
+                let queue = wakes.file(Signal::Queued);
+                let (me, others, named) =
+                    (queued.clone(), queued_for_others.clone(), claimer.clone());
+                let watched = queue.reader().and_then(|reader| {
+                    queue.watch(
+                        move || {
+                            if asks_to_claim(&reader.payload(), named.get().map(String::as_str)) {
+                                me.notify_one();
+                            } else {
+                                others.notify_one();
+                            }
+                        },
+                        shutdown.clone(),
+                    )
+                });
+                if let Err(e) = watched {
+                    tracing::info!(error = %e, "no watch of the queue's wake file: jobs queued elsewhere are seen at the next tick");
                 }
                 let _ = store.wakes.set(wakes);
             }
@@ -64,6 +93,8 @@ impl SqliteFeed {
             conn,
             remote,
             queued,
+            queued_for_others,
+            claimer,
             last_progress,
             last_event,
         })
@@ -78,6 +109,14 @@ impl ChangeFeed for SqliteFeed {
 
     fn queued(&self) -> Arc<Notify> {
         self.queued.clone()
+    }
+
+    fn queued_for_others(&self) -> Option<Arc<Notify>> {
+        Some(self.queued_for_others.clone())
+    }
+
+    fn claimer(&self) -> Option<ClaimerId> {
+        Some(self.claimer.clone())
     }
 
     async fn version(&mut self) -> Result<i64, StoreError> {

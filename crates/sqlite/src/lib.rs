@@ -10,6 +10,7 @@
 //! file (`wake.rs`).
 
 mod batch;
+mod claimers;
 mod feed;
 mod jobs;
 mod keys;
@@ -109,6 +110,8 @@ pub struct SqliteStore {
     /// The wake files, poked after commits of this process (once a change
     /// feed opened them).
     wakes: Arc<OnceLock<Wakes>>,
+    /// The worker processes a queued job's poke names.
+    claimers: Arc<claimers::Claimers>,
 }
 
 /// How long a connection waits for another process's write lock.
@@ -190,6 +193,7 @@ impl SqliteStore {
             read,
             path: path.to_owned(),
             wakes: Arc::new(OnceLock::new()),
+            claimers: Arc::default(),
         })
     }
 
@@ -237,6 +241,15 @@ impl Storage for SqliteStore {
     fn announce(&self, signal: Signal) {
         if let Some(wakes) = self.wakes.get() {
             wakes.file(signal).poke();
+        }
+    }
+
+    /// The queue's poke names as many live worker processes as jobs (see
+    /// `claimers.rs`).
+    fn announce_queued(&self, jobs: usize) {
+        if let Some(wakes) = self.wakes.get() {
+            let payload = self.claimers.payload(jobs, &self.read);
+            wakes.file(Signal::Queued).poke_with(&payload);
         }
     }
 

@@ -189,6 +189,21 @@ pub enum FeedInterest {
 /// signal naming other claimers does not wake it at once.
 pub type ClaimerId = Arc<std::sync::OnceLock<String>>;
 
+/// How a queued signal's payload starts when it names the worker
+/// processes to claim at once: `claim:` and their ids, separated by
+/// spaces (PostgreSQL: migration V15; SQLite: the queue's wake file).
+pub const NAMED_CLAIMERS: &str = "claim:";
+
+/// Whether a queued signal's `payload` asks `claimer` (this process's
+/// worker id, if it has a pool) to claim at once: yes unless it names
+/// claimers and not this one.
+pub fn asks_to_claim(payload: &str, claimer: Option<&str>) -> bool {
+    match (payload.strip_prefix(NAMED_CLAIMERS), claimer) {
+        (Some(named), Some(me)) => named.split(' ').any(|id| id == me),
+        _ => true,
+    }
+}
+
 /// Reads of what committed, in commit order, for the change feed of one
 /// process. Each feed keeps its own position; it starts at the head.
 #[async_trait]
@@ -571,6 +586,13 @@ pub trait Storage:
     /// Tell other processes that this one just committed a change of kind
     /// `signal` (where the database does not tell them itself).
     fn announce(&self, signal: Signal);
+    /// [`Signal::Queued`] for `jobs` jobs this process just made
+    /// claimable: a driver whose signals name claimers names as many worker
+    /// processes as jobs (where the database does not name them itself).
+    fn announce_queued(&self, jobs: usize) {
+        let _ = jobs;
+        self.announce(Signal::Queued);
+    }
     /// Close the connections.
     async fn close(&self);
 }
@@ -675,5 +697,27 @@ impl Driver {
             Self::Sqlite => "sqlite",
             Self::Postgres => "postgres",
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::asks_to_claim;
+
+    #[test]
+    fn a_queued_payload_asks_the_named_claimers_or_everyone() {
+        assert!(asks_to_claim("", Some("h:1:a")), "no names: everyone");
+        assert!(asks_to_claim("", None));
+        assert!(asks_to_claim("claim:h:1:a h:2:b", Some("h:2:b")));
+        assert!(!asks_to_claim("claim:h:1:a h:2:b", Some("h:3:c")));
+        assert!(
+            !asks_to_claim("claim:h:1:ab", Some("h:1:a")),
+            "whole ids only"
+        );
+        assert!(
+            asks_to_claim("claim:h:1:a", None),
+            "no pool yet: everyone's"
+        );
+        assert!(asks_to_claim("wlaim:h:1:a", Some("h:2:b")), "a plain poke");
     }
 }
