@@ -1,7 +1,8 @@
 //! Wake-ups across processes. After a commit a process pokes a wake file
 //! beside the database (a short write at offset 0: no fsync, the file
-//! stays a few hundred bytes), and the processes that act on that kind of commit watch
-//! it with inotify, so they look at once instead of at their next tick.
+//! stays a few hundred bytes), and the processes that act on that kind of
+//! commit watch it with inotify, so they look at once instead of at their
+//! next tick.
 //! One file per kind of commit ([`Signal`]), so a commit wakes only the
 //! processes it concerns:
 //! - `<db>-wake`: statuses, progress, input requests (servers' feeds);
