@@ -11,7 +11,7 @@ use std::collections::{HashMap, HashSet};
 use std::process::Command;
 use std::time::{Duration, Instant};
 
-use common::{Client, Driver, Server, WorkerProc, pid_alive};
+use common::{Client, Driver, Server, SseReader, WorkerProc, pid_alive};
 use serde_json::{Value, json};
 
 /// A command tool that records the start and end of every execution
@@ -749,6 +749,92 @@ async fn postgres_broker_reads_its_feed_once_per_commit() {
     assert!(
         reads <= 2 * 50 + 10,
         "the feed read {reads} times for 50 tasks of 2 commits each"
+    );
+}
+
+/// Issue 26: a broker is woken to read its feed by the changes its own
+/// clients wait for, not by every commit of the tasks other brokers serve.
+/// Two brokers on one PostgreSQL database and a worker process; a client
+/// runs 40 tasks one after the other through A, whose log counts nothing
+/// here. B, with no client of its own, catches up on them about once a
+/// second: its feed reads (counted in its sqlx log) stay within the
+/// seconds of the run + 3 (before: one read per commit, 80 for 40 tasks).
+/// Then the same client holds a GET stream on B (its session's owner is
+/// followed there): B reads at once again, at least once per task, and
+/// the stream gets each task's status notifications (T-31).
+#[tokio::test]
+async fn a_broker_reads_its_feed_for_its_own_clients_not_for_another_brokers() {
+    if !common::pg::available() {
+        return;
+    }
+    let a = Server::start_on(Driver::Postgres, &["--workers", "0"]);
+    let b = Server::start_sharing_env(
+        &a,
+        &["--workers", "0"],
+        &[("RUST_LOG", "info,sqlx::query=debug")],
+    );
+    let _worker = WorkerProc::start(&a, 0, &["--concurrency", "8"]);
+    let feed_reads = |log: &str| {
+        log.lines()
+            .filter(|l| l.contains("sqlx::query") && l.contains("FROM task_events e JOIN"))
+            .count()
+    };
+    async fn run(c: &mut Client) -> String {
+        let task_id = id(&c.call_task("sleep", json!({"seconds": 0})).await);
+        let result = c.ok("tasks/result", json!({"taskId": task_id})).await;
+        assert_eq!(result["content"][0]["text"], "slept 0 s", "{result}");
+        task_id
+    }
+    let mut c = a.client().await;
+    // The worker is up and the first task done before counting.
+    run(&mut c).await;
+    let before = feed_reads(&b.log());
+    let started = Instant::now();
+    for _ in 0..40 {
+        run(&mut c).await;
+    }
+    let seconds = started.elapsed().as_secs();
+    let reads = feed_reads(&b.log()) - before;
+    eprintln!("40 tasks through A in {seconds} s; B read its feed {reads} times");
+    assert!(
+        reads as u64 <= seconds + 3,
+        "B, with no client of its own, read its feed {reads} times in {seconds} s for 40 tasks of A's"
+    );
+
+    // A GET stream of the client's session, held on B.
+    let mut on_b = Client::new(&b.url);
+    on_b.session.clone_from(&c.session);
+    let mut h = on_b.headers();
+    h.insert(
+        "accept",
+        reqwest::header::HeaderValue::from_static("text/event-stream"),
+    );
+    let r = on_b.http.get(&on_b.url).headers(h).send().await.unwrap();
+    assert_eq!(r.status().as_u16(), 200);
+    let mut get = SseReader::new(r);
+    get.next_event().await.unwrap(); // priming: the stream is open
+    let before = feed_reads(&b.log());
+    let mut ids = Vec::new();
+    for _ in 0..10 {
+        ids.push(run(&mut c).await);
+    }
+    for task_id in &ids {
+        loop {
+            let (_, m) = tokio::time::timeout(Duration::from_secs(30), get.next_message())
+                .await
+                .unwrap_or_else(|_| panic!("no completed notification on B for {task_id}"))
+                .expect("the GET stream stays open");
+            assert_eq!(m["method"], "notifications/tasks/status", "{m}");
+            if m["params"]["taskId"] == json!(task_id) && m["params"]["status"] == "completed" {
+                break;
+            }
+        }
+    }
+    let reads = feed_reads(&b.log()) - before;
+    eprintln!("10 tasks with a GET stream of their owner on B; B read its feed {reads} times");
+    assert!(
+        reads >= 10,
+        "B read its feed {reads} times for 10 tasks of an owner it follows"
     );
 }
 

@@ -18,9 +18,18 @@
 //! job became claimable ([`Feed::queued`]); where the signal names the
 //! worker processes to claim at once (PostgreSQL), the others hear it as
 //! [`Feed::queued_for_others`] and look a moment later.
+//!
+//! A server's tailer is woken at once only for the changes this process
+//! acts on, where the driver's signals name the task (PostgreSQL): a task
+//! watched here ([`Feed::watch_task`]: a waiting tasks/result, a
+//! subscriptions/listen stream, a running job), an owner followed here
+//! ([`Feed::follow_owner`]: a GET stream), or everything while something
+//! follows every change ([`Feed::follow_everything`]: a console stream).
+//! The others' changes are read together about once a second, so that a
+//! broker's reads do not grow with the tasks other brokers serve.
 
 use std::collections::HashMap;
-use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, OnceLock};
 use std::time::Duration;
 
@@ -28,8 +37,8 @@ use tokio::sync::{Notify, broadcast, mpsc, watch};
 use tokio_util::sync::CancellationToken;
 
 use crate::store::{
-    ChangeFeed, ClaimerId, FeedInterest, ProgressEvent, Signal, Store, StoreError, TaskEvent,
-    TaskOutcome,
+    ChangeFeed, ClaimerId, Concerned, FeedInterest, ProgressEvent, Signal, Store, StoreError,
+    TaskEvent, TaskOutcome,
 };
 
 /// One change the feed reports.
@@ -76,6 +85,52 @@ const IDLE_STEPS: u32 = 40;
 /// Who watches one task's events: (watch id, where they go).
 type TaskWatchers = HashMap<Arc<str>, Vec<(u64, mpsc::UnboundedSender<Arc<FeedEvent>>)>>;
 
+/// What follows more than single tasks: owners (how many follow each) and
+/// followers of every change.
+#[derive(Debug, Default)]
+struct Followers {
+    owners: Mutex<HashMap<String, usize>>,
+    everything: AtomicUsize,
+}
+
+impl Followers {
+    fn lock_owners(&self) -> std::sync::MutexGuard<'_, HashMap<String, usize>> {
+        self.owners.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    fn follow(&self, owner: &str) -> bool {
+        self.everything.load(Ordering::Acquire) > 0 || self.lock_owners().contains_key(owner)
+    }
+}
+
+/// Keeps an owner, or every change, followed until dropped (see
+/// [`Feed::follow_owner`], [`Feed::follow_everything`]).
+#[derive(Debug)]
+pub struct Following {
+    followers: Arc<Followers>,
+    /// None: every change.
+    owner: Option<String>,
+}
+
+impl Drop for Following {
+    fn drop(&mut self) {
+        match &self.owner {
+            None => {
+                self.followers.everything.fetch_sub(1, Ordering::AcqRel);
+            }
+            Some(owner) => {
+                let mut owners = self.followers.lock_owners();
+                if let Some(n) = owners.get_mut(owner) {
+                    *n -= 1;
+                    if *n == 0 {
+                        owners.remove(owner);
+                    }
+                }
+            }
+        }
+    }
+}
+
 /// Handle to the feed: subscribe to all events or to one task's, or kick
 /// the tailer.
 #[derive(Debug, Clone)]
@@ -85,6 +140,8 @@ pub struct Feed {
     /// calls, running jobs): an event wakes those, not every waiter.
     watchers: Arc<Mutex<TaskWatchers>>,
     next_watch: Arc<AtomicU64>,
+    /// Owners and streams that follow more than single tasks.
+    followers: Arc<Followers>,
     kick: Arc<Notify>,
     /// A kick came after a commit that may have written progress: the
     /// tailer reads progress whatever the store says.
@@ -115,6 +172,7 @@ impl Feed {
             events,
             watchers: Arc::default(),
             next_watch: Arc::default(),
+            followers: Arc::default(),
             kick: Arc::new(Notify::new()),
             progress_kicked: Arc::default(),
             store: Arc::new(OnceLock::new()),
@@ -149,7 +207,42 @@ impl Feed {
     }
 
     fn lock_watchers(&self) -> std::sync::MutexGuard<'_, TaskWatchers> {
-        self.watchers.lock().unwrap_or_else(|p| p.into_inner())
+        lock(&self.watchers)
+    }
+
+    /// Follow the changes of every task of `owner` (a GET stream sends them
+    /// all) until the guard drops. Take it before reading where the stream
+    /// starts: a change committed before that is read there.
+    pub fn follow_owner(&self, owner: &str) -> Following {
+        *self
+            .followers
+            .lock_owners()
+            .entry(owner.to_owned())
+            .or_default() += 1;
+        Following {
+            followers: self.followers.clone(),
+            owner: Some(owner.to_owned()),
+        }
+    }
+
+    /// Follow every change (a console stream shows them all) until the
+    /// guard drops.
+    pub fn follow_everything(&self) -> Following {
+        self.followers.everything.fetch_add(1, Ordering::AcqRel);
+        Following {
+            followers: self.followers.clone(),
+            owner: None,
+        }
+    }
+
+    /// Whether a change of `task_id` (of `owner`) concerns this process:
+    /// the driver wakes the tailer at once only for those.
+    fn concerned(&self) -> Concerned {
+        let watchers = self.watchers.clone();
+        let followers = self.followers.clone();
+        Arc::new(move |task_id: &str, owner: &str| {
+            followers.follow(owner) || lock(&watchers).contains_key(task_id)
+        })
     }
 
     /// Send `event` to every subscriber and to its task's watchers.
@@ -277,12 +370,15 @@ impl Feed {
     ) -> Result<tokio::task::JoinHandle<()>, StoreError> {
         let mut changes: Box<dyn ChangeFeed> =
             store.change_feed(interest, shutdown.clone()).await?;
+        let control_only = interest == FeedInterest::Control;
+        if !control_only {
+            changes.wake_only_for(self.concerned());
+        }
         let remote = changes.remote();
         let mut version = changes.version().await?;
         let _ = self.store.set(store);
         let _ = self.interest.set(interest);
         let _ = self.kicks_wake.set(!changes.hears_own_commits());
-        let control_only = interest == FeedInterest::Control;
         // Claim signals: counted for the pool.
         if let Some(cell) = changes.claimer() {
             let _ = self.claimer.set(cell);
@@ -412,7 +508,7 @@ impl TaskWatch {
 
 impl Drop for TaskWatch {
     fn drop(&mut self) {
-        let mut watchers = self.watchers.lock().unwrap_or_else(|p| p.into_inner());
+        let mut watchers = lock(&self.watchers);
         if let Some(list) = watchers.get_mut(&self.task_id) {
             list.retain(|(id, _)| *id != self.id);
             if list.is_empty() {
@@ -426,4 +522,9 @@ impl Default for Feed {
     fn default() -> Self {
         Self::new()
     }
+}
+
+/// The task watchers, even after a panic elsewhere held the lock.
+fn lock(watchers: &Mutex<TaskWatchers>) -> std::sync::MutexGuard<'_, TaskWatchers> {
+    watchers.lock().unwrap_or_else(|p| p.into_inner())
 }

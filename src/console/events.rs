@@ -43,6 +43,7 @@ pub async fn stream(State(console): State<Console>, headers: HeaderMap, uri: Uri
         );
     };
     let mut feed = app.broker.feed().subscribe();
+    let following = app.broker.feed().follow_everything();
     let stopping = console.stopping.clone();
     let events = async_stream::stream! {
         let mut batch = Batch::default();
@@ -67,7 +68,7 @@ pub async fn stream(State(console): State<Console>, headers: HeaderMap, uri: Uri
     let response = Sse::new(events)
         .keep_alive(KeepAlive::new().interval(app.config.keep_alive))
         .into_response();
-    hold_while_streaming(secure(response), slot)
+    hold_while_streaming(secure(response), (slot, following))
 }
 
 /// How often a stream sends what changed, at most.

@@ -224,12 +224,13 @@ impl crate::metrics::OpenStreams for StreamCounter {
     }
 }
 
-/// Tie `slot` to `response`'s body: the place is released when the body is
+/// Tie `held` (a [`StreamSlot`], with whatever else the stream keeps) to
+/// `response`'s body: it is dropped, the place released, when the body is
 /// done or dropped (the client went away).
-pub fn hold_while_streaming(response: Response, slot: StreamSlot) -> Response {
+pub fn hold_while_streaming(response: Response, held: impl Send + 'static) -> Response {
     let (parts, body) = response.into_parts();
     let stream = body.into_data_stream().map(move |chunk| {
-        let _held = &slot;
+        let _held = &held;
         chunk
     });
     Response::from_parts(parts, Body::from_stream(stream))

@@ -446,6 +446,8 @@ pub(super) async fn get(
     // resumable from the database after `g-<feed position>`.
     let owner = session.owner();
     let live = state.session_streams.attach(owner.as_str());
+    // Before the head is read: the feed wakes for this owner's changes.
+    let following = state.broker.feed().follow_owner(owner.as_str());
     let resume_from = last.and_then(parse_get_event_id);
     let (from, replay) = match resume_from {
         Some(after) => match state.broker.status_changes_since(&owner, after).await {
@@ -474,7 +476,7 @@ pub(super) async fn get(
         replay,
         live,
     );
-    hold_while_streaming(response, slot)
+    hold_while_streaming(response, (slot, following))
 }
 
 /// DELETE ends the session (H-1, H-5).

@@ -96,12 +96,22 @@ impl Server {
     /// Start another `taskbroker serve` on the database of `other` (a
     /// directory and log of its own), with `extra` flags.
     pub fn start_sharing(other: &Server, extra: &[&str]) -> Self {
+        Self::start_sharing_env(other, extra, &[])
+    }
+
+    /// [`Server::start_sharing`], with `env` added to the broker's
+    /// environment.
+    pub fn start_sharing_env(other: &Server, extra: &[&str], env: &[(&str, &str)]) -> Self {
         let (keep, path) = temp_dir();
         assert!(
             matches!(other.database, Db::Postgres(_)),
             "only a PostgreSQL database is shared between servers here"
         );
-        Self::start_in(Some(keep), path, other.database.clone(), extra)
+        let env = env
+            .iter()
+            .map(|(k, v)| ((*k).to_owned(), (*v).to_owned()))
+            .collect();
+        Self::start_in_env(Some(keep), path, other.database.clone(), extra, env)
     }
 
     fn start_in(

@@ -9,6 +9,12 @@
 //! claim at once and not this one (migration V15: `claim:` and their ids).
 //! Progress notifies with the payload `progress` (migration V13), which
 //! also bumps the progress version: without one, no progress read.
+//! A status change notifies with its task and owner (`task:<id> <owner>`,
+//! migration V16): once the process said which ones it acts on
+//! ([`ChangeFeed::wake_only_for`]), the others are passed over, counted,
+//! and read together at most once per [`CATCH_UP`] (or with the next read
+//! that is woken), so the feed's position keeps up without a read per
+//! commit of every other broker's tasks.
 //!
 //! Feed ids (`task_events`, `task_progress`) become visible in id order
 //! (the feed lock: see the crate doc and the schema), so a position is a
@@ -16,13 +22,13 @@
 
 use std::sync::atomic::{AtomicI64, Ordering};
 use std::sync::{Arc, OnceLock};
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use async_trait::async_trait;
 use sqlx::postgres::{PgListener, PgPool, PgPoolOptions};
 use taskbroker_storage::{
-    ChangeFeed, ClaimerId, FeedInterest, ProgressEvent, StoreError, TaskEvent, TaskStore,
-    asks_to_claim,
+    ChangeFeed, ClaimerId, Concerned, FeedInterest, ProgressEvent, StoreError, TaskEvent,
+    TaskStore, asks_to_claim,
 };
 use tokio::sync::Notify;
 use tokio_util::sync::CancellationToken;
@@ -39,6 +45,10 @@ const CONTROL: &str = "taskbroker_control";
 /// How long the listener waits before connecting again after an error.
 const RECONNECT_DELAY: Duration = Duration::from_secs(1);
 
+/// How often at most the feed reads for the changes it passed over (of
+/// tasks no one here waits for), when nothing else makes it read.
+const CATCH_UP: Duration = Duration::from_secs(1);
+
 /// A change feed on one PostgreSQL database.
 pub(crate) struct PgFeed {
     store: PostgresStore,
@@ -46,8 +56,17 @@ pub(crate) struct PgFeed {
     queued: Arc<Notify>,
     queued_for_others: Arc<Notify>,
     claimer: ClaimerId,
-    /// Notifications heard (and reconnections, which may have missed some).
+    /// Notifications heard that concern this process (and reconnections,
+    /// which may have missed some).
     version: Arc<AtomicI64>,
+    /// Which changes concern this process (all until told).
+    concerned: Arc<OnceLock<Concerned>>,
+    /// Notifications heard of changes that concern no one here.
+    passed_over: Arc<AtomicI64>,
+    /// `version` when it was last asked for.
+    version_read: i64,
+    /// `passed_over` as counted in the version, and since when.
+    passed_over_read: (i64, Instant),
     /// Progress notifications heard (and reconnections).
     progress_version: Arc<AtomicI64>,
     /// `progress_version` when progress was last read.
@@ -67,10 +86,20 @@ struct Signals {
     claimer: ClaimerId,
     version: Arc<AtomicI64>,
     progress_version: Arc<AtomicI64>,
+    concerned: Arc<OnceLock<Concerned>>,
+    passed_over: Arc<AtomicI64>,
 }
 
 /// The payload of a progress notification (migration V13).
 const PROGRESS: &str = "progress";
+/// How the payload of a status change starts (migration V16): then the
+/// task id, a space and the owner.
+const TASK_CHANGED: &str = "task:";
+
+/// The task id and owner a `taskbroker_changes` payload names, if any.
+fn changed_task(payload: &str) -> Option<(&str, &str)> {
+    payload.strip_prefix(TASK_CHANGED)?.split_once(' ')
+}
 
 impl PgFeed {
     /// A feed at the head, following `interest`; listens until `shutdown`.
@@ -97,17 +126,23 @@ impl PgFeed {
             claimer: Arc::new(OnceLock::new()),
             version: Arc::new(AtomicI64::new(0)),
             progress_version: Arc::new(AtomicI64::new(0)),
+            concerned: Arc::new(OnceLock::new()),
+            passed_over: Arc::new(AtomicI64::new(0)),
         };
         // LISTEN before reading the head: whatever commits after the head
         // was read is heard.
         let listener = listen(&pool, signals.followed).await?;
-        let (remote, queued, queued_for_others, claimer, version, progress_version) = (
+        let (remote, queued, queued_for_others, claimer) = (
             signals.remote.clone(),
             signals.queued.clone(),
             signals.queued_for_others.clone(),
             signals.claimer.clone(),
+        );
+        let (version, progress_version, concerned, passed_over) = (
             signals.version.clone(),
             signals.progress_version.clone(),
+            signals.concerned.clone(),
+            signals.passed_over.clone(),
         );
         tokio::spawn(run_listener(pool, listener, signals, shutdown));
         let last_event = store.task_events_head().await?;
@@ -119,6 +154,10 @@ impl PgFeed {
             queued_for_others,
             claimer,
             version,
+            concerned,
+            passed_over,
+            version_read: 0,
+            passed_over_read: (0, Instant::now()),
             progress_version,
             progress_read_at: 0,
             last_progress,
@@ -176,6 +215,11 @@ async fn run_listener(
                 // Before the bump: the tailer it wakes sees the progress.
                 if n.payload() == PROGRESS {
                     signals.progress_version.fetch_add(1, Ordering::AcqRel);
+                } else if let Some((task_id, owner)) = changed_task(n.payload())
+                    && signals.concerned.get().is_some_and(|c| !c(task_id, owner))
+                {
+                    signals.passed_over.fetch_add(1, Ordering::AcqRel);
+                    continue;
                 }
                 signals.bump();
             }
@@ -229,8 +273,22 @@ impl ChangeFeed for PgFeed {
         Some(self.claimer.clone())
     }
 
+    /// The notifications that concern this process, plus those passed
+    /// over as of the last time they were counted in: at a read woken by
+    /// the others (which reads them too), else once per [`CATCH_UP`].
     async fn version(&mut self) -> Result<i64, StoreError> {
-        Ok(self.version.load(Ordering::Acquire))
+        let heard = self.version.load(Ordering::Acquire);
+        let passed = self.passed_over.load(Ordering::Acquire);
+        let (counted, since) = self.passed_over_read;
+        if passed != counted && (heard != self.version_read || since.elapsed() >= CATCH_UP) {
+            self.passed_over_read = (passed, Instant::now());
+        }
+        self.version_read = heard;
+        Ok(heard + self.passed_over_read.0)
+    }
+
+    fn wake_only_for(&mut self, concerned: Concerned) {
+        let _ = self.concerned.set(concerned);
     }
 
     fn hears_own_commits(&self) -> bool {
@@ -274,5 +332,22 @@ impl ChangeFeed for PgFeed {
             self.last_event = last.id;
         }
         Ok(rows)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::changed_task;
+
+    #[test]
+    fn a_status_payload_names_its_task_and_owner() {
+        assert_eq!(
+            changed_task("task:0b3e principal:ops team"),
+            Some(("0b3e", "principal:ops team")),
+            "the owner is the rest, spaces included"
+        );
+        assert_eq!(changed_task(""), None, "too long for a payload: everyone's");
+        assert_eq!(changed_task("progress"), None);
+        assert_eq!(changed_task("task:no-owner"), None);
     }
 }

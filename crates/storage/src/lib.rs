@@ -189,6 +189,11 @@ pub enum FeedInterest {
 /// signal naming other claimers does not wake it at once.
 pub type ClaimerId = Arc<std::sync::OnceLock<String>>;
 
+/// Whether a change of a task (its id, its owner) is one this process acts
+/// on at once: a waiter of its own watches the task, or a stream of its own
+/// follows the owner or everything (see [`ChangeFeed::wake_only_for`]).
+pub type Concerned = Arc<dyn Fn(&str, &str) -> bool + Send + Sync>;
+
 /// How a queued signal's payload starts when it names the worker
 /// processes to claim at once: `claim:` and their ids, separated by
 /// spaces (PostgreSQL: migration V15; SQLite: the queue's wake file).
@@ -241,6 +246,12 @@ pub trait ChangeFeed: Send {
     fn hears_own_commits(&self) -> bool {
         false
     }
+    /// Wake [`ChangeFeed::remote`] at once only for the changes of tasks
+    /// that `concerned` says this process acts on; the feed catches up on
+    /// the others at its leisure (about once a second), so its position
+    /// keeps up. For drivers whose signals name no task (SQLite) every
+    /// change wakes, as before.
+    fn wake_only_for(&mut self, _concerned: Concerned) {}
     /// Whether progress may have been committed since the last read of it
     /// (a read can be skipped when not). True unless the driver is told
     /// of progress apart: on PostgreSQL a progress commit notifies with a
