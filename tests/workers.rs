@@ -761,7 +761,8 @@ async fn postgres_broker_reads_its_feed_once_per_commit() {
 /// seconds of the run + 3 (before: one read per commit, 80 for 40 tasks).
 /// Then the same client holds a GET stream on B (its session's owner is
 /// followed there): B reads at once again, at least once per task, and
-/// the stream gets each task's status notifications (T-31).
+/// the stream gets each task's status notifications (T-31); and so does
+/// a console stream of every change open on B.
 #[tokio::test]
 async fn a_broker_reads_its_feed_for_its_own_clients_not_for_another_brokers() {
     if !common::pg::available() {
@@ -835,6 +836,40 @@ async fn a_broker_reads_its_feed_for_its_own_clients_not_for_another_brokers() {
     assert!(
         reads >= 10,
         "B read its feed {reads} times for 10 tasks of an owner it follows"
+    );
+    drop(get);
+
+    // The console's stream of every change, open on B (loopback, no
+    // tokens): B reads at once for every task again, and shows each end.
+    let events_url = b.url.replace("/mcp", "/ui/api/events");
+    let r = reqwest::get(&events_url).await.unwrap();
+    assert_eq!(r.status().as_u16(), 200, "{events_url}");
+    let mut console = SseReader::new(r);
+    let before = feed_reads(&b.log());
+    let mut ids = Vec::new();
+    for _ in 0..10 {
+        ids.push(run(&mut c).await);
+    }
+    let mut ended = HashSet::new();
+    while !ids.iter().all(|id| ended.contains(id)) {
+        let event = tokio::time::timeout(Duration::from_secs(30), console.next_event())
+            .await
+            .unwrap_or_else(|_| panic!("the console on B did not show every end: {ended:?}"))
+            .expect("the console stream stays open");
+        let Ok(changes) = serde_json::from_str::<Value>(&event.data) else {
+            continue; // a keep-alive
+        };
+        for change in changes["status"].as_array().into_iter().flatten() {
+            if change["to"] == "completed" {
+                ended.insert(id(change));
+            }
+        }
+    }
+    let reads = feed_reads(&b.log()) - before;
+    eprintln!("10 tasks with a console stream open on B; B read its feed {reads} times");
+    assert!(
+        reads >= 10,
+        "B read its feed {reads} times for 10 tasks while its console follows every change"
     );
 }
 
