@@ -841,6 +841,9 @@ async fn a_broker_reads_its_feed_for_its_own_clients_not_for_another_brokers() {
 
     // The console's stream of every change, open on B (loopback, no
     // tokens): B reads at once for every task again, and shows each end.
+    // A new session's tasks, so that no GET stream B may still hold
+    // follows their owner.
+    let mut c = a.client().await;
     let events_url = b.url.replace("/mcp", "/ui/api/events");
     let r = reqwest::get(&events_url).await.unwrap();
     assert_eq!(r.status().as_u16(), 200, "{events_url}");
@@ -871,6 +874,101 @@ async fn a_broker_reads_its_feed_for_its_own_clients_not_for_another_brokers() {
         reads >= 10,
         "B read its feed {reads} times for 10 tasks while its console follows every change"
     );
+}
+
+/// Issue 26: progress, like status changes, makes a broker read only for
+/// the tasks its own clients wait on. Two brokers on one PostgreSQL
+/// database and a worker process; through A, 8 tasks that report progress
+/// (`sleep 2`: at 1 and 2 s, each under a progress token) run at once,
+/// started a quarter of a second apart so that their reports commit
+/// apart: B, with no client of its own, reads no progress (counted in its
+/// sqlx log; before: a read per progress commit, 16 here). Then a client
+/// of the same session waits on B for a task created on A: B reads its
+/// progress and streams it before the result, under the original
+/// progress token (T-32, H-11).
+#[tokio::test]
+async fn a_broker_reads_progress_only_for_its_own_clients() {
+    if !common::pg::available() {
+        return;
+    }
+    let a = Server::start_on(Driver::Postgres, &["--workers", "0"]);
+    let b = Server::start_sharing_env(
+        &a,
+        &["--workers", "0"],
+        &[("RUST_LOG", "info,sqlx::query=debug")],
+    );
+    let _worker = WorkerProc::start(&a, 0, &["--concurrency", "8"]);
+    let progress_reads = |log: &str| {
+        log.lines()
+            .filter(|l| l.contains("sqlx::query") && l.contains("FROM task_progress"))
+            .count()
+    };
+    async fn start(c: &mut Client, token: &str) -> String {
+        let created = c
+            .ok(
+                "tools/call",
+                json!({"name": "sleep", "arguments": {"seconds": 2}, "task": {},
+                       "_meta": {"progressToken": token}}),
+            )
+            .await;
+        id(&created["task"])
+    }
+    let mut c = a.client().await;
+    // The worker is up before counting.
+    let first = start(&mut c, "warm-up").await;
+    c.ok("tasks/result", json!({"taskId": first})).await;
+
+    let before = progress_reads(&b.log());
+    let mut waits = Vec::new();
+    for n in 0..8 {
+        let task_id = start(&mut c, &format!("a-{n}")).await;
+        // Each waits on A from its start, as its client would.
+        let mut waiter = Client::new(&a.url);
+        waiter.session.clone_from(&c.session);
+        waits.push(tokio::spawn(async move {
+            waiter
+                .request_messages("tasks/result", json!({"taskId": task_id}))
+                .await
+        }));
+        tokio::time::sleep(Duration::from_millis(250)).await;
+    }
+    for wait in waits {
+        let messages = wait.await.unwrap();
+        let reports = messages
+            .iter()
+            .filter(|m| m["method"] == "notifications/progress")
+            .count();
+        assert_eq!(reports, 2, "A streams its client's progress: {messages:?}");
+    }
+    let reads = progress_reads(&b.log()) - before;
+    eprintln!("8 tasks through A reported progress 16 times; B read progress {reads} times");
+    assert!(
+        reads <= 2,
+        "B, with no client of its own, read progress {reads} times for 16 reports of A's tasks"
+    );
+
+    // The same session waits on B for a task created on A.
+    let task_id = start(&mut c, "on-b").await;
+    let mut on_b = Client::new(&b.url);
+    on_b.session.clone_from(&c.session);
+    let before = progress_reads(&b.log());
+    let messages = on_b
+        .request_messages("tasks/result", json!({"taskId": task_id}))
+        .await;
+    let progress: Vec<f64> = messages
+        .iter()
+        .filter(|m| m["method"] == "notifications/progress")
+        .map(|m| {
+            assert_eq!(m["params"]["progressToken"], "on-b", "{m}");
+            m["params"]["progress"].as_f64().unwrap()
+        })
+        .collect();
+    assert_eq!(progress, [1.0, 2.0], "{messages:?}");
+    let last = messages.last().unwrap();
+    assert_eq!(last["result"]["content"][0]["text"], "slept 2 s", "{last}");
+    let reads = progress_reads(&b.log()) - before;
+    eprintln!("a task awaited on B: B read progress {reads} times");
+    assert!(reads >= 1, "B streamed progress it never read");
 }
 
 /// Issue 23: brokers, workers and `taskbroker migrate` started at once on a

@@ -9,8 +9,8 @@
 //! the others': then one wake per commit); and it reads rows only when the
 //! feed's version says something committed.
 //!
-//! A server's feed follows every change (its clients wait on any task). A
-//! worker process's feed follows only cancellations and answers (what its
+//! A server's feed follows every change (its clients may wait on any task),
+//! though not every change wakes it at once (below). A worker process's feed follows only cancellations and answers (what its
 //! running jobs wait on): other processes' creations and completions do not
 //! wake it, it catches up on a slow tick, and it reads only the cancels and
 //! answers (not every task's changes and progress), so adding worker processes
@@ -25,8 +25,9 @@
 //! subscriptions/listen stream, a running job), an owner followed here
 //! ([`Feed::follow_owner`]: a GET stream), or everything while something
 //! follows every change ([`Feed::follow_everything`]: a console stream).
-//! The others' changes are read together about once a second, so that a
-//! broker's reads do not grow with the tasks other brokers serve.
+//! The others' status changes are read together about once a second, and
+//! their progress only along with progress that concerns this process, so
+//! that a broker's reads do not grow with the tasks other brokers serve.
 
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};

@@ -37,7 +37,7 @@ use crate::traces::{self, TraceContext};
 use open_tasks::OpenTasks;
 
 pub use crate::store::TaskStatus;
-pub use feed::{Feed, FeedEvent, TaskWatch};
+pub use feed::{Feed, FeedEvent, Following, TaskWatch};
 use outcome::result_of;
 pub use outcome::{ClientAnswer, ErrorRecord, TaskResult, outcome_to_record};
 pub use owner::Owner;

@@ -7,14 +7,16 @@
 //! the feed's version and wakes `remote()`; a queued one wakes `queued()`,
 //! or `queued_for_others()` when its payload names worker processes to
 //! claim at once and not this one (migration V15: `claim:` and their ids).
-//! Progress notifies with the payload `progress` (migration V13), which
-//! also bumps the progress version: without one, no progress read.
 //! A status change notifies with its task and owner (`task:<id> <owner>`,
-//! migration V16): once the process said which ones it acts on
-//! ([`ChangeFeed::wake_only_for`]), the others are passed over, counted,
-//! and read together at most once per [`CATCH_UP`] (or with the next read
-//! that is woken), so the feed's position keeps up without a read per
-//! commit of every other broker's tasks.
+//! migration V16), progress likewise (`progress:<id> <owner>`, V17; plain
+//! `progress` when too long to name them), which also bumps the progress
+//! version: without one, no progress read. Once the process said which
+//! tasks it acts on ([`ChangeFeed::wake_only_for`]), the others' status
+//! changes are passed over, counted, and read together at most once per
+//! [`CATCH_UP`] (or with the next read that is woken), so the feed's
+//! position keeps up without a read per commit of every other broker's
+//! tasks; the others' progress is not read for itself at all (it goes to
+//! no one here), only with the next progress read that is.
 //!
 //! Feed ids (`task_events`, `task_progress`) become visible in id order
 //! (the feed lock: see the crate doc and the schema), so a position is a
@@ -90,15 +92,42 @@ struct Signals {
     passed_over: Arc<AtomicI64>,
 }
 
-/// The payload of a progress notification (migration V13).
+/// The payload of a progress notification that names no task (migration
+/// V13; since V17 only when the task's id and owner would not fit).
 const PROGRESS: &str = "progress";
+/// How the payload of a progress notification starts (migration V17): then
+/// the task id, a space and the owner.
+const PROGRESS_OF: &str = "progress:";
 /// How the payload of a status change starts (migration V16): then the
 /// task id, a space and the owner.
 const TASK_CHANGED: &str = "task:";
 
-/// The task id and owner a `taskbroker_changes` payload names, if any.
-fn changed_task(payload: &str) -> Option<(&str, &str)> {
-    payload.strip_prefix(TASK_CHANGED)?.split_once(' ')
+/// What a `taskbroker_changes` notification says changed.
+#[derive(Debug, PartialEq, Eq)]
+enum Changed<'a> {
+    /// A status change of the task `(id, owner)`.
+    Status(&'a str, &'a str),
+    /// Progress of the task `(id, owner)`.
+    Progress(&'a str, &'a str),
+    /// Progress of some task.
+    SomeProgress,
+    /// Anything (the empty payload of input requests, or too long to say).
+    Anything,
+}
+
+/// Parse a `taskbroker_changes` payload; the owner is the rest after the
+/// first space (task ids have none, owners may).
+fn changed(payload: &str) -> Changed<'_> {
+    let named = |prefix| payload.strip_prefix(prefix)?.split_once(' ');
+    if payload == PROGRESS {
+        Changed::SomeProgress
+    } else if let Some((task_id, owner)) = named(PROGRESS_OF) {
+        Changed::Progress(task_id, owner)
+    } else if let Some((task_id, owner)) = named(TASK_CHANGED) {
+        Changed::Status(task_id, owner)
+    } else {
+        Changed::Anything
+    }
 }
 
 impl PgFeed {
@@ -212,14 +241,21 @@ async fn run_listener(
                 }
             }
             Ok(Some(n)) => {
-                // Before the bump: the tailer it wakes sees the progress.
-                if n.payload() == PROGRESS {
-                    signals.progress_version.fetch_add(1, Ordering::AcqRel);
-                } else if let Some((task_id, owner)) = changed_task(n.payload())
-                    && signals.concerned.get().is_some_and(|c| !c(task_id, owner))
-                {
-                    signals.passed_over.fetch_add(1, Ordering::AcqRel);
-                    continue;
+                let concerned = |task_id: &str, owner: &str| {
+                    signals.concerned.get().is_none_or(|c| c(task_id, owner))
+                };
+                match changed(n.payload()) {
+                    // Its rows go to no one here.
+                    Changed::Progress(task_id, owner) if !concerned(task_id, owner) => continue,
+                    // Before the bump: the tailer it wakes sees the progress.
+                    Changed::Progress(..) | Changed::SomeProgress => {
+                        signals.progress_version.fetch_add(1, Ordering::AcqRel);
+                    }
+                    Changed::Status(task_id, owner) if !concerned(task_id, owner) => {
+                        signals.passed_over.fetch_add(1, Ordering::AcqRel);
+                        continue;
+                    }
+                    Changed::Status(..) | Changed::Anything => {}
                 }
                 signals.bump();
             }
@@ -337,17 +373,30 @@ impl ChangeFeed for PgFeed {
 
 #[cfg(test)]
 mod tests {
-    use super::changed_task;
+    use super::{Changed, changed};
 
     #[test]
-    fn a_status_payload_names_its_task_and_owner() {
+    fn a_payload_names_its_task_and_owner() {
         assert_eq!(
-            changed_task("task:0b3e principal:ops team"),
-            Some(("0b3e", "principal:ops team")),
+            changed("task:0b3e principal:ops team"),
+            Changed::Status("0b3e", "principal:ops team"),
             "the owner is the rest, spaces included"
         );
-        assert_eq!(changed_task(""), None, "too long for a payload: everyone's");
-        assert_eq!(changed_task("progress"), None);
-        assert_eq!(changed_task("task:no-owner"), None);
+        assert_eq!(
+            changed("progress:0b3e session:7 f"),
+            Changed::Progress("0b3e", "session:7 f")
+        );
+        assert_eq!(
+            changed("progress"),
+            Changed::SomeProgress,
+            "too long to name"
+        );
+        assert_eq!(
+            changed(""),
+            Changed::Anything,
+            "too long, or an input request"
+        );
+        assert_eq!(changed("task:no-owner"), Changed::Anything);
+        assert_eq!(changed("progress:no-owner"), Changed::Anything);
     }
 }

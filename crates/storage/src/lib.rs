@@ -236,8 +236,10 @@ pub trait ChangeFeed: Send {
         None
     }
     /// A number that changes after a commit of the feed's interest (cheap;
-    /// used to skip reads when nothing happened). It may lag this process's own commits (on
-    /// PostgreSQL it moves when the notification arrives).
+    /// used to skip reads when nothing happened). It may lag this process's
+    /// own commits (on PostgreSQL it moves when the notification arrives),
+    /// and, once [`ChangeFeed::wake_only_for`] was said, others' commits of
+    /// tasks that concern no one here by up to about a second.
     async fn version(&mut self) -> Result<i64, StoreError>;
     /// Whether [`ChangeFeed::remote`] also wakes for this process's own
     /// commits (PostgreSQL's notifications reach every listener, the sender
@@ -248,9 +250,10 @@ pub trait ChangeFeed: Send {
     }
     /// Wake [`ChangeFeed::remote`] at once only for the changes of tasks
     /// that `concerned` says this process acts on; the feed catches up on
-    /// the others at its leisure (about once a second), so its position
-    /// keeps up. For drivers whose signals name no task (SQLite) every
-    /// change wakes, as before.
+    /// the others' status changes at its leisure (about once a second), so
+    /// its position keeps up, and reads their progress only along with
+    /// progress that concerns it. For drivers whose signals name no task
+    /// (SQLite) every change wakes, as before.
     fn wake_only_for(&mut self, _concerned: Concerned) {}
     /// Whether progress may have been committed since the last read of it
     /// (a read can be skipped when not). True unless the driver is told
