@@ -499,6 +499,39 @@ async fn workers_table_tracks_live_stopped_and_dead_workers(driver: Driver) {
 
 both_drivers!(workers_table_tracks_live_stopped_and_dead_workers);
 
+/// Statements of a server's sqlx log (`RUST_LOG=sqlx::query=debug`) whose
+/// text contains `text`: reads counted, not timed.
+fn statements_with(log: &str, text: &str) -> usize {
+    log.lines()
+        .filter(|l| l.contains("sqlx::query") && l.contains(text))
+        .count()
+}
+
+/// The text of a change-feed read (`task_events` joined to `tasks`).
+const FEED_READ: &str = "FROM task_events e JOIN";
+/// The text of a progress read.
+const PROGRESS_READ: &str = "FROM task_progress";
+
+/// Two PostgreSQL brokers on one database, A and B (B logs its statements),
+/// neither with a pool of its own, and a worker process.
+fn two_brokers_and_a_worker() -> (Server, Server, WorkerProc) {
+    let a = Server::start_on(Driver::Postgres, &["--workers", "0"]);
+    let b = Server::start_sharing_env(
+        &a,
+        &["--workers", "0"],
+        &[("RUST_LOG", "info,sqlx::query=debug")],
+    );
+    let worker = WorkerProc::start(&a, 0, &["--concurrency", "8"]);
+    (a, b, worker)
+}
+
+/// A client of `url` in the session of `other` (a client of another broker).
+fn in_session_of(other: &Client, url: &str) -> Client {
+    let mut c = Client::new(url);
+    c.session.clone_from(&other.session);
+    c
+}
+
 /// `clients` clients at once, each calling `sleep` 0 s as a task `each`
 /// times in turn and waiting in tasks/result for its result.
 async fn sleep_zero_tasks(server: &Server, clients: usize, each: usize) {
@@ -671,11 +704,7 @@ async fn progress_of_a_worker_process_reaches_the_client_and_is_read_only_when_w
     let _workers: Vec<WorkerProc> = (0..2)
         .map(|n| WorkerProc::start(&server, n, &["--concurrency", "8"]))
         .collect();
-    let progress_reads = |log: &str| {
-        log.lines()
-            .filter(|l| l.contains("sqlx::query") && l.contains("FROM task_progress"))
-            .count()
-    };
+    let progress_reads = |log: &str| statements_with(log, PROGRESS_READ);
     let before = progress_reads(&server.log());
     sleep_zero_tasks(&server, 8, 25).await;
     let reads = progress_reads(&server.log()) - before;
@@ -735,11 +764,7 @@ async fn postgres_broker_reads_its_feed_once_per_commit() {
         &[("RUST_LOG", "info,sqlx::query=debug")],
     );
     let _worker = WorkerProc::start(&server, 0, &["--concurrency", "8"]);
-    let feed_reads = |log: &str| {
-        log.lines()
-            .filter(|l| l.contains("sqlx::query") && l.contains("FROM task_events e JOIN"))
-            .count()
-    };
+    let feed_reads = |log: &str| statements_with(log, FEED_READ);
     // The worker is up and the first task done before counting.
     sleep_zero_tasks(&server, 1, 1).await;
     let before = feed_reads(&server.log());
@@ -768,18 +793,8 @@ async fn a_broker_reads_its_feed_for_its_own_clients_not_for_another_brokers() {
     if !common::pg::available() {
         return;
     }
-    let a = Server::start_on(Driver::Postgres, &["--workers", "0"]);
-    let b = Server::start_sharing_env(
-        &a,
-        &["--workers", "0"],
-        &[("RUST_LOG", "info,sqlx::query=debug")],
-    );
-    let _worker = WorkerProc::start(&a, 0, &["--concurrency", "8"]);
-    let feed_reads = |log: &str| {
-        log.lines()
-            .filter(|l| l.contains("sqlx::query") && l.contains("FROM task_events e JOIN"))
-            .count()
-    };
+    let (a, b, _worker) = two_brokers_and_a_worker();
+    let feed_reads = |log: &str| statements_with(log, FEED_READ);
     async fn run(c: &mut Client) -> String {
         let task_id = id(&c.call_task("sleep", json!({"seconds": 0})).await);
         let result = c.ok("tasks/result", json!({"taskId": task_id})).await;
@@ -803,8 +818,7 @@ async fn a_broker_reads_its_feed_for_its_own_clients_not_for_another_brokers() {
     );
 
     // A GET stream of the client's session, held on B.
-    let mut on_b = Client::new(&b.url);
-    on_b.session.clone_from(&c.session);
+    let on_b = in_session_of(&c, &b.url);
     let mut h = on_b.headers();
     h.insert(
         "accept",
@@ -891,18 +905,8 @@ async fn a_broker_reads_progress_only_for_its_own_clients() {
     if !common::pg::available() {
         return;
     }
-    let a = Server::start_on(Driver::Postgres, &["--workers", "0"]);
-    let b = Server::start_sharing_env(
-        &a,
-        &["--workers", "0"],
-        &[("RUST_LOG", "info,sqlx::query=debug")],
-    );
-    let _worker = WorkerProc::start(&a, 0, &["--concurrency", "8"]);
-    let progress_reads = |log: &str| {
-        log.lines()
-            .filter(|l| l.contains("sqlx::query") && l.contains("FROM task_progress"))
-            .count()
-    };
+    let (a, b, _worker) = two_brokers_and_a_worker();
+    let progress_reads = |log: &str| statements_with(log, PROGRESS_READ);
     async fn start(c: &mut Client, token: &str) -> String {
         let created = c
             .ok(
@@ -923,8 +927,7 @@ async fn a_broker_reads_progress_only_for_its_own_clients() {
     for n in 0..8 {
         let task_id = start(&mut c, &format!("a-{n}")).await;
         // Each waits on A from its start, as its client would.
-        let mut waiter = Client::new(&a.url);
-        waiter.session.clone_from(&c.session);
+        let mut waiter = in_session_of(&c, &a.url);
         waits.push(tokio::spawn(async move {
             waiter
                 .request_messages("tasks/result", json!({"taskId": task_id}))
@@ -949,8 +952,7 @@ async fn a_broker_reads_progress_only_for_its_own_clients() {
 
     // The same session waits on B for a task created on A.
     let task_id = start(&mut c, "on-b").await;
-    let mut on_b = Client::new(&b.url);
-    on_b.session.clone_from(&c.session);
+    let mut on_b = in_session_of(&c, &b.url);
     let before = progress_reads(&b.log());
     let messages = on_b
         .request_messages("tasks/result", json!({"taskId": task_id}))
