@@ -162,11 +162,14 @@ def load(binary: str, urls: list[str], clients: int, tasks: int) -> dict:
     }
 
 
-def measure(binary: str, driver: str, workers: int, brokers: int, args, work: str, pg_via: str | None = None) -> dict:
+def measure(binary: str, driver: str, workers: int, brokers: int, args, work: str, pg_via: str | None = None,
+            loaded: int | None = None) -> dict:
+    """One run; the clients split over the first `loaded` brokers (all by
+    default), the others idle but running."""
     case = Case(binary, driver, workers, brokers, work, pg_via=pg_via)
     try:
         before, pg_before = case.cpu(), postgres_cpu() if driver == "postgres" else {}
-        got = load(binary, case.urls, args.clients, args.tasks)
+        got = load(binary, case.urls[: loaded or brokers], args.clients, args.tasks)
         after, pg_after = case.cpu(), postgres_cpu() if driver == "postgres" else {}
     finally:
         case.close()
@@ -214,7 +217,8 @@ def main() -> int:
     ap.add_argument("--base", help="a baseline binary, run alternately in the same rounds")
     ap.add_argument("--drivers", default="sqlite,postgres")
     ap.add_argument("--workers", default="1,2,4,8")
-    ap.add_argument("--brokers", default="1,2,3", help="PostgreSQL only, with 2 worker processes; '' to skip")
+    ap.add_argument("--brokers", default="1,2,3", help="PostgreSQL only, with 2 worker processes; '' to skip; "
+                    "the most brokers are also run with every client on one of them (the others idle)")
     ap.add_argument("--rounds", type=int, default=3)
     ap.add_argument("--clients", type=int, default=16)
     ap.add_argument("--tasks", type=int, default=2000)
@@ -226,22 +230,25 @@ def main() -> int:
     drivers = args.drivers.split(",")
     ns = [int(x) for x in args.workers.split(",")]
     bs = [int(x) for x in args.brokers.split(",")] if args.brokers else []
-    cases = [(d, n, 1) for d in drivers for n in ns] + [("postgres", 2, b) for b in bs if "postgres" in drivers]
+    # (driver, workers, brokers, brokers with clients)
+    cases = [(d, n, 1, 1) for d in drivers for n in ns] + [("postgres", 2, b, b) for b in bs if "postgres" in drivers]
+    if "postgres" in drivers and bs and max(bs) > 1:
+        cases.append(("postgres", 2, max(bs), 1))
     cases = list(dict.fromkeys(cases))
     work = tempfile.mkdtemp(prefix="tb-scale-")
     rows = []
     try:
         for r in range(args.rounds):
-            for driver, n, b in cases:
+            for driver, n, b, loaded in cases:
                 order = bins if r % 2 == 0 else list(reversed(bins))
                 for label, binary in order:
-                    m = measure(binary, driver, n, b, args, work)
-                    row = dict(m, bin=label, driver=driver, workers=n, brokers=b, round=r)
+                    m = measure(binary, driver, n, b, args, work, loaded=loaded)
+                    row = dict(m, bin=label, driver=driver, workers=n, brokers=b, loaded=loaded, round=r)
                     rows.append(row)
                     print(json.dumps(row), flush=True)
         counts = {}
         if args.count:
-            for driver, n, b in cases:
+            for driver, n, b, _ in cases:
                 if b != 1:
                     continue
                 for label, binary in bins:
@@ -272,8 +279,9 @@ def write_block(out: str, marker: str, title: str, table: str) -> None:
 
 
 def report(rows, counts, bins, cases, args) -> str:
-    def pick(label, driver, n, b, key):
-        v = [r[key] for r in rows if (r["bin"], r["driver"], r["workers"], r["brokers"]) == (label, driver, n, b)]
+    def pick(label, driver, n, b, loaded, key):
+        v = [r[key] for r in rows
+             if (r["bin"], r["driver"], r["workers"], r["brokers"], r["loaded"]) == (label, driver, n, b, loaded)]
         return statistics.median(v), min(v), max(v)
 
     commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True).stdout.strip()
@@ -290,16 +298,17 @@ def report(rows, counts, bins, cases, args) -> str:
     if counts:
         head += " statements/task |"
     lines += [head, "|" + " --- |" * (head.count("|") - 1)]
-    for driver, n, b in cases:
+    for driver, n, b, loaded in cases:
         for label, _ in bins:
-            tps = pick(label, driver, n, b, "tasks_per_s")
-            cpu = pick(label, driver, n, b, "cpu_ms_per_task")
-            parts = [pick(label, driver, n, b, k)[0] for k in ("broker_ms", "workers_ms", "postgres_ms")]
-            ref = (1, 1) if b == 1 else (2, 1)
-            cpu1 = pick(label, driver, ref[0], ref[1], "cpu_ms_per_task")[0] if (driver, *ref) in cases else cpu[0]
-            tps1 = pick(label, driver, ref[0], ref[1], "tasks_per_s")[0] if (driver, *ref) in cases else tps[0]
+            tps = pick(label, driver, n, b, loaded, "tasks_per_s")
+            cpu = pick(label, driver, n, b, loaded, "cpu_ms_per_task")
+            parts = [pick(label, driver, n, b, loaded, k)[0] for k in ("broker_ms", "workers_ms", "postgres_ms")]
+            ref = (1, 1, 1) if b == 1 else (2, 1, 1)
+            cpu1 = pick(label, driver, *ref, "cpu_ms_per_task")[0] if (driver, *ref) in cases else cpu[0]
+            tps1 = pick(label, driver, *ref, "tasks_per_s")[0] if (driver, *ref) in cases else tps[0]
             split = f"{parts[0]:.2f} + {parts[1]:.2f}" + (f" + {parts[2]:.2f}" if driver == "postgres" else "")
-            line = (f"| {driver} | {b} | {n} | {label} | {tps[0]:.0f} ({tps[1]:.0f}-{tps[2]:.0f}) | "
+            brokers = f"{b}" if loaded == b else f"{b} (clients on {loaded})"
+            line = (f"| {driver} | {brokers} | {n} | {label} | {tps[0]:.0f} ({tps[1]:.0f}-{tps[2]:.0f}) | "
                     f"{cpu[0]:.2f} ({split}) | {cpu[0] / cpu1:.2f} | {tps[0] / tps1:.2f} |")
             if counts:
                 c = counts.get((label, driver, n)) if b == 1 else None
