@@ -227,15 +227,19 @@ pub async fn serve(config: ServeConfig) -> anyhow::Result<()> {
     // Cancelled by SIGINT/SIGTERM: HTTP drains, workers stop claiming and
     // finish or release their jobs.
     let stopping = CancellationToken::new();
-    let pool = (config.workers > 0).then(|| {
-        let pool = core.pool(
-            config.workers,
-            config.lease,
-            config.grace,
-            WorkerKind::Embedded,
-        );
-        tokio::spawn(pool.run(stopping.clone()))
-    });
+    // Started (registered, taking the writer's hand-off) before the first
+    // request is answered, so that the first tasks are claimed as they are
+    // created.
+    let pool = match config.workers {
+        0 => None,
+        workers => {
+            let pool = core
+                .pool(workers, config.lease, config.grace, WorkerKind::Embedded)
+                .start()
+                .await;
+            Some(tokio::spawn(pool.run(stopping.clone())))
+        }
+    };
 
     let local_addr = listener.local_addr()?;
     let open_streams = Arc::new(StreamCounter::new(config.server.max_sse_streams));

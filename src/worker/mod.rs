@@ -60,6 +60,22 @@ fn millis(d: Duration) -> i64 {
     i64::try_from(d.as_millis()).unwrap_or(i64::MAX)
 }
 
+/// A pool registered and, if embedded, taking its server's jobs
+/// ([`WorkerPool::start`]), not yet claiming.
+pub struct StartedPool {
+    pool: WorkerPool,
+    handed: mpsc::UnboundedReceiver<HandedOff>,
+}
+
+impl StartedPool {
+    /// Claim and run jobs until `shutdown`; then stop claiming, let running
+    /// jobs finish for up to the grace period, and release the rest so
+    /// another worker takes them at once.
+    pub async fn run(self, shutdown: CancellationToken) {
+        self.pool.run_started(self.handed, shutdown).await;
+    }
+}
+
 /// Shortest idle wait.
 const IDLE_MIN: Duration = Duration::from_millis(50);
 
@@ -106,10 +122,17 @@ impl WorkerPool {
         &self.worker_id
     }
 
-    /// Claim and run jobs until `shutdown`; then stop claiming, let running
-    /// jobs finish for up to the grace period, and release the rest so
-    /// another worker takes them at once.
+    /// [`WorkerPool::start`], then [`StartedPool::run`].
     pub async fn run(self, shutdown: CancellationToken) {
+        self.start().await.run(shutdown).await;
+    }
+
+    /// Register the pool (its row in `workers`) and, for an embedded pool,
+    /// take the hand-off from its server's writer: from then on the jobs
+    /// its server creates are claimed in the creating commit. A server
+    /// starts its pool so before it answers, so that its first tasks are
+    /// not left `queued` for the pool's first look.
+    pub async fn start(self) -> StartedPool {
         let concurrency = self.slots.cap();
         let registered = self
             .store
@@ -129,19 +152,10 @@ impl WorkerPool {
             tracing::warn!(error = %e, "worker registration failed");
         }
         tracing::info!(worker = %self.worker_id, concurrency, "worker pool started");
-        let heartbeat = tokio::spawn(self.clone().heartbeat_loop(shutdown.clone()));
-        let follower = tokio::spawn(follow_served_tools(
-            self.tools.clone(),
-            self.slots.clone(),
-            self.job_queued.clone(),
-            shutdown.clone(),
-        ));
-        let release = CancellationToken::new();
-        let mut jobs = tokio::task::JoinSet::new();
         // An embedded pool gets the jobs its server creates straight from
         // the writer, claimed in the creating transaction, while it has free
         // slots; the rest it claims itself.
-        let (handoff_tx, mut handed) = mpsc::unbounded_channel::<HandedOff>();
+        let (handoff_tx, handed) = mpsc::unbounded_channel::<HandedOff>();
         if self.config.kind == WorkerKind::Embedded {
             self.writer.hand_off_to(Handoff {
                 worker_id: self.worker_id.clone(),
@@ -152,6 +166,24 @@ impl WorkerPool {
         } else {
             drop(handoff_tx);
         }
+        StartedPool { pool: self, handed }
+    }
+
+    /// [`StartedPool::run`].
+    async fn run_started(
+        self,
+        mut handed: mpsc::UnboundedReceiver<HandedOff>,
+        shutdown: CancellationToken,
+    ) {
+        let heartbeat = tokio::spawn(self.clone().heartbeat_loop(shutdown.clone()));
+        let follower = tokio::spawn(follow_served_tools(
+            self.tools.clone(),
+            self.slots.clone(),
+            self.job_queued.clone(),
+            shutdown.clone(),
+        ));
+        let release = CancellationToken::new();
+        let mut jobs = tokio::task::JoinSet::new();
         let mut idle = IDLE_MIN;
         // Whether the queue may hold more than the last claim took; when it
         // does not, wait for word of a new job before claiming again.
