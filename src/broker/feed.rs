@@ -10,11 +10,12 @@
 //! feed's version says something committed.
 //!
 //! A server's feed follows every change (its clients may wait on any task),
-//! though not every change wakes it at once (below). A worker process's feed follows only cancellations and answers (what its
-//! running jobs wait on): other processes' creations and completions do not
-//! wake it, it catches up on a slow tick, and it reads only the cancels and
-//! answers (not every task's changes and progress), so adding worker processes
-//! does not add work to every task. Claimers are woken apart, only when a
+//! though not every change wakes it at once (below). A worker process's
+//! feed follows only cancellations and answers (what its running jobs wait
+//! on): other processes' creations and completions do not wake it, it
+//! catches up on a slow tick, and it reads only the cancels and answers
+//! (not every task's changes and progress), so adding worker processes does
+//! not add work to every task. Claimers are woken apart, only when a
 //! job became claimable ([`Feed::queued`]); where the signal names the
 //! worker processes to claim at once (PostgreSQL), the others hear it as
 //! [`Feed::queued_for_others`] and look a moment later.
