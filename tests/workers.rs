@@ -685,7 +685,7 @@ async fn a_job_named_for_a_stopped_worker_is_claimed_by_another(driver: Driver) 
     let mut attempts = 0;
     loop {
         signal("-STOP");
-        if driver == Driver::Postgres || sqlite_write_lock_is_free(&server.db()).await {
+        if driver == Driver::Postgres || sqlite_write_lock_is_free(&server.db(), true).await {
             break;
         }
         signal("-CONT");
@@ -701,9 +701,23 @@ async fn a_job_named_for_a_stopped_worker_is_claimed_by_another(driver: Driver) 
 }
 
 /// Whether a write transaction on the SQLite file `db` can begin at once
-/// (within 100 ms), as an operator's `BEGIN IMMEDIATE` would.
-async fn sqlite_write_lock_is_free(db: &std::path::Path) -> bool {
+/// (within 100 ms), as an operator's `BEGIN IMMEDIATE` would, and, with
+/// `turn`, whether no taskbroker process holds its turn to write
+/// (`<db>-writer`).
+async fn sqlite_write_lock_is_free(db: &std::path::Path, turn: bool) -> bool {
     use sqlx::Connection;
+    if turn {
+        let mut path = db.as_os_str().to_owned();
+        path.push("-writer");
+        let file = std::fs::OpenOptions::new()
+            .write(true)
+            .open(&path)
+            .expect("<db>-writer beside the database");
+        if file.try_lock().is_err() {
+            return false;
+        }
+        file.unlock().expect("unlock");
+    }
     let options = sqlx::sqlite::SqliteConnectOptions::new()
         .filename(db)
         .busy_timeout(Duration::from_millis(100));
@@ -1220,4 +1234,111 @@ async fn wake_file_beside_the_database_stays_one_byte() {
         let meta = std::fs::metadata(&wake).unwrap_or_else(|e| panic!("{suffix}: {e}"));
         assert_eq!(meta.len(), 1, "the {suffix} file never grows");
     }
+}
+
+/// The file beside a SQLite database that gives processes their turns at
+/// the write lock.
+fn write_lock_file(server: &Server) -> std::fs::File {
+    let mut path = server.db().into_os_string();
+    path.push("-writer");
+    std::fs::OpenOptions::new()
+        .write(true)
+        .open(&path)
+        .expect("the broker made <db>-writer beside the database")
+}
+
+/// Issue 26: on SQLite a process writes only in its turn, taken on the
+/// file `<db>-writer` beside the database (an exclusive `flock`), so
+/// processes waiting to write are woken the moment the holder lets go
+/// instead of sleeping in SQLite's busy retries. Here the test process
+/// holds the turn: a creation waits for it (no answer in a second, though
+/// SQLite's own lock is free), then is answered once the turn is let go.
+#[tokio::test]
+async fn a_sqlite_write_waits_for_another_processes_turn_and_goes_on_when_it_ends() {
+    let server = Server::start(&[]);
+    let mut c = server.client().await;
+    let lock = write_lock_file(&server);
+    lock.lock().expect("the turn is free while nothing writes");
+    assert!(
+        sqlite_write_lock_is_free(&server.db(), false).await,
+        "the turn is a file of its own: SQLite's lock stays free"
+    );
+    let call = async {
+        let task_id = id(&c.call_task("sleep", json!({"seconds": 0})).await);
+        c.ok("tasks/result", json!({"taskId": task_id})).await
+    };
+    tokio::pin!(call);
+    assert!(
+        tokio::time::timeout(Duration::from_secs(1), &mut call)
+            .await
+            .is_err(),
+        "the creation waited for the turn held by another process"
+    );
+    lock.unlock().expect("unlock");
+    let result = tokio::time::timeout(Duration::from_secs(30), call)
+        .await
+        .expect("answered once the turn was let go");
+    assert_eq!(result["content"][0]["text"], "slept 0 s", "{result}");
+    assert!(
+        !server.log().contains("writing without it"),
+        "no write gave up on its turn"
+    );
+}
+
+/// Issue 26: a process frozen while it holds its turn at the write lock
+/// (here the test process, which never lets go) delays the others' writes
+/// by the busy timeout (10 s) once, then they write without turns (SQLite's
+/// own lock still keeps them apart), with one warning in the log; once the
+/// holder lets go, turns are taken again: a write waits for a new holder.
+#[tokio::test]
+async fn a_frozen_holder_of_the_write_turn_delays_sqlite_writes_once_by_the_busy_timeout() {
+    let server = Server::start(&[]);
+    let mut c = server.client().await;
+    let lock = write_lock_file(&server);
+    lock.lock().expect("the turn is free while nothing writes");
+    for _ in 0..2 {
+        let task_id = id(&c.call_task("sleep", json!({"seconds": 0})).await);
+        let result = c.ok("tasks/result", json!({"taskId": task_id})).await;
+        assert_eq!(result["content"][0]["text"], "slept 0 s", "{result}");
+    }
+    let log = server.log();
+    assert_eq!(
+        log.matches("writing without it").count(),
+        1,
+        "one write waited out the bound, the next went on at once: {log}"
+    );
+    lock.unlock().expect("unlock");
+    // The abandoned wait takes the turn as soon as it is free, and lets it
+    // go at once; until then this process writes without turns. Then a
+    // write waits for a new holder again.
+    let mut waited = false;
+    for _ in 0..20 {
+        tokio::time::sleep(Duration::from_millis(100)).await;
+        if lock.try_lock().is_err() {
+            continue;
+        }
+        let call = async {
+            let task_id = id(&c.call_task("sleep", json!({"seconds": 0})).await);
+            c.ok("tasks/result", json!({"taskId": task_id})).await
+        };
+        tokio::pin!(call);
+        waited = tokio::time::timeout(Duration::from_secs(1), &mut call)
+            .await
+            .is_err();
+        lock.unlock().expect("unlock");
+        let result = tokio::time::timeout(Duration::from_secs(30), call)
+            .await
+            .expect("answered once the turn was let go");
+        assert_eq!(result["content"][0]["text"], "slept 0 s", "{result}");
+        if waited {
+            break;
+        }
+    }
+    assert!(waited, "turns are taken again after the holder let go");
+    let log = server.log();
+    assert_eq!(
+        log.matches("writing without it").count(),
+        1,
+        "no other write gave up on its turn: {log}"
+    );
 }

@@ -106,6 +106,9 @@ impl Writer {
         let alarm = StartAlarm::spawn(job_queued.clone(), feed.clone());
         tokio::spawn(async move {
             while let Some(first) = rx.recv().await {
+                // The turn first: the writes that arrive while another
+                // process commits join this batch.
+                let turn = store.write_turn().await;
                 let mut batch = vec![first];
                 while batch.len() < MAX_BATCH {
                     match rx.try_recv() {
@@ -147,7 +150,7 @@ impl Writer {
                 let metrics = crate::metrics::get();
                 metrics.commit_started(writes.len());
                 let committing = std::time::Instant::now();
-                let mut done = match store.write_batch(&writes, now).await {
+                let mut done = match store.write_batch_in(turn, &writes, now).await {
                     Ok(done) => done,
                     Err(e) => {
                         tracing::warn!(error = %e, writes = writes.len(), "group commit failed");

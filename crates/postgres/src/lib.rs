@@ -310,8 +310,10 @@ impl Storage for PostgresStore {
         true
     }
 
-    async fn write_batch(
+    /// No turn: PostgreSQL locks rows as they are written.
+    async fn write_batch_in(
         &self,
+        _turn: taskbroker_storage::WriteTurn,
         writes: &[Write],
         now: i64,
     ) -> Result<Vec<Result<Written, StoreError>>, StoreError> {

@@ -27,6 +27,8 @@ use crate::{BEGIN_IMMEDIATE, SqliteStore};
 impl GroupCommit for SqliteStore {
     type Database = Sqlite;
 
+    /// Inside this process's turn at the write lock, which the caller
+    /// (`Storage::write_batch_in`) holds.
     async fn begin_batch(&self) -> Result<sqlx::Transaction<'static, Sqlite>, StoreError> {
         Ok(self.write.begin_with(BEGIN_IMMEDIATE).await?)
     }

@@ -27,7 +27,7 @@ impl JobStore for SqliteStore {
             task_seq,
             lease_token
         )
-        .fetch_optional(&self.write)
+        .fetch_optional(&mut *self.writer().await?)
         .await?;
         match row {
             Some(flag) => Ok(HeartbeatOutcome {
@@ -53,7 +53,7 @@ impl JobStore for SqliteStore {
             task_seq,
             lease_token
         )
-        .execute(&self.write)
+        .execute(&mut *self.writer().await?)
         .await?;
         if done.rows_affected() == 0 {
             return Err(StoreError::LeaseLost);
@@ -79,7 +79,7 @@ impl JobStore for SqliteStore {
             task_seq,
             lease_token
         )
-        .execute(&self.write)
+        .execute(&mut *self.writer().await?)
         .await?;
         Ok(undone.rows_affected() == 1)
     }
@@ -122,7 +122,7 @@ impl JobStore for SqliteStore {
             task_seq,
             lease_token
         )
-        .fetch_optional(&self.write)
+        .fetch_optional(&mut *self.writer().await?)
         .await?;
         requeued.ok_or(StoreError::LeaseLost)
     }
@@ -136,6 +136,7 @@ impl JobStore for SqliteStore {
         backoff_ms: i64,
         now: i64,
     ) -> Result<RescueReport, StoreError> {
+        let _turn = self.take_turn().await;
         let mut tx = self.write.begin_with(BEGIN_IMMEDIATE).await?;
         let failed = sqlx::query_scalar!(
             r#"UPDATE tasks
@@ -200,7 +201,7 @@ impl JobStore for SqliteStore {
             task_seq,
             lease_token
         )
-        .execute(&self.write)
+        .execute(&mut *self.writer().await?)
         .await?;
         if kept.rows_affected() == 0 {
             return Err(StoreError::LeaseLost);

@@ -23,7 +23,7 @@ impl KeyStore for SqliteStore {
             candidate,
             now
         )
-        .fetch_one(&self.write)
+        .fetch_one(&mut *self.writer().await?)
         .await?;
         Ok(secret)
     }
@@ -43,7 +43,7 @@ impl KeyStore for SqliteStore {
             "DELETE FROM request_state_keys WHERE epoch < ?",
             before_epoch
         )
-        .execute(&self.write)
+        .execute(&mut *self.writer().await?)
         .await?;
         Ok(done.rows_affected())
     }

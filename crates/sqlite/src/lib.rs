@@ -5,9 +5,11 @@
 //! one writer: queueing in-process is cheaper than busy-waiting) and a
 //! read-only pool beside it. Every write is one autocommit statement or a
 //! `BEGIN IMMEDIATE` transaction: SQLite fails a DEFERRED transaction that
-//! reads then writes at once, without honouring the busy timeout. Other
-//! processes learn of commits through `PRAGMA data_version` and the wake
-//! file (`wake.rs`).
+//! reads then writes at once, without honouring the busy timeout. Each
+//! write runs in this process's turn at the write lock among processes
+//! (`write_lock.rs`), so writers wait in the kernel, not in SQLite's busy
+//! sleeps. Other processes learn of commits through `PRAGMA data_version`
+//! and the wake file (`wake.rs`).
 
 mod batch;
 mod claimers;
@@ -24,22 +26,25 @@ mod tokens;
 mod upstreams;
 mod wake;
 mod workers;
+mod write_lock;
 
 use std::path::{Path, PathBuf};
 use std::sync::{Arc, OnceLock};
 use std::time::Duration;
 
 use async_trait::async_trait;
-use sqlx::Connection;
+use sqlx::pool::PoolConnection;
 use sqlx::sqlite::{
     SqliteConnectOptions, SqliteJournalMode, SqlitePool, SqlitePoolOptions, SqliteSynchronous,
 };
+use sqlx::{Connection, Sqlite, SqliteConnection};
 use taskbroker_storage::{
     ChangeFeed, Driver, Durability, FeedInterest, Signal, Storage, StoreError, Write, Written,
 };
 use tokio_util::sync::CancellationToken;
 
 use wake::Wakes;
+use write_lock::{WriteLock, WriteTurn};
 
 /// Statement used to open every write transaction.
 const BEGIN_IMMEDIATE: &str = "BEGIN IMMEDIATE";
@@ -101,8 +106,11 @@ fn open_failed(path: &Path, error: &dyn std::fmt::Display) -> StoreError {
 /// read-only pool that WAL lets run beside it.
 #[derive(Clone, Debug)]
 pub struct SqliteStore {
-    /// Every write goes through this one connection.
+    /// Every write goes through this one connection, in this process's
+    /// turn at the write lock (`take_turn`, `writer`).
     write: SqlitePool,
+    /// Turns at SQLite's write lock among processes (`write_lock.rs`).
+    write_lock: Arc<WriteLock>,
     /// Reads (tasks/get, tasks/list, the change feed) never wait for writes.
     read: SqlitePool,
     /// The database file, for logs and error messages.
@@ -188,8 +196,11 @@ impl SqliteStore {
             .test_before_acquire(false)
             .connect_with(options.read_only(true))
             .await?;
+        let write_lock = WriteLock::open(path, BUSY_TIMEOUT)
+            .map_err(|e| open_error(path, format!("cannot open its write lock file: {e}")))?;
         Ok(Self {
             write,
+            write_lock: Arc::new(write_lock),
             read,
             path: path.to_owned(),
             wakes: Arc::new(OnceLock::new()),
@@ -208,6 +219,42 @@ impl SqliteStore {
     pub fn path(&self) -> &Path {
         &self.path
     }
+
+    /// This process's turn to write; hold it until the write's transaction
+    /// has ended.
+    pub(crate) async fn take_turn(&self) -> WriteTurn {
+        self.write_lock.turn().await
+    }
+
+    /// The write connection in this process's turn, for one autocommit
+    /// statement (`.execute(&mut *self.writer().await?)`).
+    pub(crate) async fn writer(&self) -> Result<Writer, StoreError> {
+        let turn = self.take_turn().await;
+        Ok(Writer {
+            conn: self.write.acquire().await?,
+            _turn: turn,
+        })
+    }
+}
+
+/// The write connection with this process's turn at the write lock; the
+/// turn ends when it is dropped.
+pub(crate) struct Writer {
+    conn: PoolConnection<Sqlite>,
+    _turn: WriteTurn,
+}
+
+impl std::ops::Deref for Writer {
+    type Target = SqliteConnection;
+    fn deref(&self) -> &SqliteConnection {
+        &self.conn
+    }
+}
+
+impl std::ops::DerefMut for Writer {
+    fn deref_mut(&mut self) -> &mut SqliteConnection {
+        &mut self.conn
+    }
 }
 
 #[async_trait]
@@ -220,11 +267,20 @@ impl Storage for SqliteStore {
         self.path.display().to_string()
     }
 
-    async fn write_batch(
+    async fn write_turn(&self) -> taskbroker_storage::WriteTurn {
+        taskbroker_storage::WriteTurn::new(self.take_turn().await)
+    }
+
+    async fn write_batch_in(
         &self,
+        turn: taskbroker_storage::WriteTurn,
         writes: &[Write],
         now: i64,
     ) -> Result<Vec<Result<Written, StoreError>>, StoreError> {
+        let _turn = match turn.into_inner::<WriteTurn>() {
+            Some(turn) => turn,
+            None => self.take_turn().await,
+        };
         taskbroker_storage::batch::write_batch(self, writes, now).await
     }
 

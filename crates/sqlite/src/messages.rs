@@ -17,6 +17,7 @@ impl MessageStore for SqliteStore {
         message: &TaskMessage,
         now: i64,
     ) -> Result<(), StoreError> {
+        let _turn = self.take_turn().await;
         let mut tx = self.write.begin_with(BEGIN_IMMEDIATE).await?;
         let status_message = format!("waiting for the client to answer {}", message.method);
         let moved = sqlx::query!(
@@ -88,6 +89,7 @@ impl MessageStore for SqliteStore {
         response: &str,
         now: i64,
     ) -> Result<AnswerOutcome, StoreError> {
+        let _turn = self.take_turn().await;
         let mut tx = self.write.begin_with(BEGIN_IMMEDIATE).await?;
         let found = sqlx::query_scalar!(
             r#"SELECT m.task_seq AS "task_seq!" FROM task_messages m JOIN tasks t ON t.seq = m.task_seq

@@ -21,7 +21,7 @@ impl SessionStore for SqliteStore {
             now,
             new.principal
         )
-        .execute(&self.write)
+        .execute(&mut *self.writer().await?)
         .await?;
         Ok(())
     }
@@ -48,7 +48,7 @@ impl SessionStore for SqliteStore {
             now,
             session_id
         )
-        .execute(&self.write)
+        .execute(&mut *self.writer().await?)
         .await?;
         Ok(done.rows_affected() == 1)
     }
@@ -61,7 +61,7 @@ impl SessionStore for SqliteStore {
             session_id,
             now
         )
-        .execute(&self.write)
+        .execute(&mut *self.writer().await?)
         .await?;
         Ok(())
     }
@@ -129,7 +129,7 @@ impl SessionStore for SqliteStore {
             cutoff,
             batch
         )
-        .execute(&self.write)
+        .execute(&mut *self.writer().await?)
         .await?
         .rows_affected();
         let deleted = sqlx::query!(
@@ -144,7 +144,7 @@ impl SessionStore for SqliteStore {
             now,
             batch
         )
-        .execute(&self.write)
+        .execute(&mut *self.writer().await?)
         .await?
         .rows_affected();
         Ok((ended, deleted))

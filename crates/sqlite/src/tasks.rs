@@ -80,6 +80,7 @@ impl TaskStore for SqliteStore {
         message: &str,
         now: i64,
     ) -> Result<CancelOutcome, StoreError> {
+        let _turn = self.take_turn().await;
         let mut tx = self.write.begin_with(BEGIN_IMMEDIATE).await?;
         let current = sqlx::query!(
             r#"SELECT seq AS "seq!", status, updated_at FROM tasks WHERE task_id = ? AND owner = ?"#,
@@ -142,7 +143,7 @@ impl TaskStore for SqliteStore {
             task_seq,
             lease_token
         )
-        .execute(&self.write)
+        .execute(&mut *self.writer().await?)
         .await?;
         if done.rows_affected() == 0 {
             return Err(StoreError::LeaseLost);
@@ -162,6 +163,7 @@ impl TaskStore for SqliteStore {
         message: &str,
         now: i64,
     ) -> Result<(), StoreError> {
+        let _turn = self.take_turn().await;
         let mut tx = self.write.begin_with(BEGIN_IMMEDIATE).await?;
         let done = sqlx::query!(
             "UPDATE tasks SET status_message = ?, updated_at = MAX(updated_at, ?)
@@ -198,7 +200,7 @@ impl TaskStore for SqliteStore {
     /// nobody waited).
     async fn task_progress_prune(&self, before: i64) -> Result<u64, StoreError> {
         let done = sqlx::query!("DELETE FROM task_progress WHERE at < ?", before)
-            .execute(&self.write)
+            .execute(&mut *self.writer().await?)
             .await?;
         Ok(done.rows_affected())
     }
@@ -207,6 +209,7 @@ impl TaskStore for SqliteStore {
     /// to `limit` kept ones now due, in one transaction (their jobs and
     /// history go with them, by trigger).
     async fn task_purge(&self, now: i64, limit: i64) -> Result<PurgeReport, StoreError> {
+        let _turn = self.take_turn().await;
         let mut tx = self.write.begin_with(BEGIN_IMMEDIATE).await?;
         let rows = sqlx::query_as!(
             RetentionCandidate,

@@ -18,7 +18,7 @@ impl TokenStore for SqliteStore {
             token.expires_at,
             token.operator
         )
-        .execute(&self.write)
+        .execute(&mut *self.writer().await?)
         .await?;
         Ok(())
     }
@@ -57,7 +57,7 @@ impl TokenStore for SqliteStore {
             now,
             token_id
         )
-        .execute(&self.write)
+        .execute(&mut *self.writer().await?)
         .await?;
         Ok(done.rows_affected() == 1)
     }
@@ -77,7 +77,7 @@ impl TokenStore for SqliteStore {
             now,
             token_id
         )
-        .execute(&self.write)
+        .execute(&mut *self.writer().await?)
         .await?;
         Ok(())
     }

@@ -39,7 +39,7 @@ impl UpstreamStore for SqliteStore {
             served,
             now
         )
-        .execute(&self.write)
+        .execute(&mut *self.writer().await?)
         .await?;
         Ok(())
     }
@@ -51,7 +51,7 @@ impl UpstreamStore for SqliteStore {
             name,
             served
         )
-        .execute(&self.write)
+        .execute(&mut *self.writer().await?)
         .await?;
         Ok(())
     }
@@ -80,7 +80,7 @@ impl UpstreamStore for SqliteStore {
             now,
             restarts
         )
-        .execute(&self.write)
+        .execute(&mut *self.writer().await?)
         .await?;
         Ok(())
     }

@@ -21,7 +21,7 @@ impl WorkerStore for SqliteStore {
             now,
             now
         )
-        .execute(&self.write)
+        .execute(&mut *self.writer().await?)
         .await?;
         Ok(())
     }
@@ -42,7 +42,7 @@ impl WorkerStore for SqliteStore {
             jobs_running,
             worker_id
         )
-        .execute(&self.write)
+        .execute(&mut *self.writer().await?)
         .await?;
         Ok(())
     }
@@ -68,7 +68,7 @@ impl WorkerStore for SqliteStore {
             running,
             worker_id
         )
-        .execute(&self.write)
+        .execute(&mut *self.writer().await?)
         .await?;
         Ok(())
     }
@@ -80,7 +80,7 @@ impl WorkerStore for SqliteStore {
               WHERE state IN ('live', 'stopping') AND heartbeat_at < ? - 2 * lease_ms",
             now
         )
-        .execute(&self.write)
+        .execute(&mut *self.writer().await?)
         .await?;
         Ok(done.rows_affected())
     }
@@ -95,7 +95,7 @@ impl WorkerStore for SqliteStore {
                                  WHERE j.lease_owner = workers.worker_id AND j.state = 'running')",
             before
         )
-        .execute(&self.write)
+        .execute(&mut *self.writer().await?)
         .await?;
         Ok(done.rows_affected())
     }

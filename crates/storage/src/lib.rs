@@ -554,6 +554,36 @@ pub trait KeyStore {
     async fn request_state_key_purge(&self, before_epoch: i64) -> Result<u64, StoreError>;
 }
 
+/// A process's turn to write, as a driver orders writers among processes
+/// (SQLite: a lock beside the database file; see its driver), held until
+/// the batch it was taken for has ended. Empty for drivers with none.
+#[derive(Default)]
+pub struct WriteTurn(Option<Box<dyn std::any::Any + Send>>);
+
+impl WriteTurn {
+    /// A driver's turn.
+    pub fn new(turn: impl std::any::Any + Send) -> Self {
+        Self(Some(Box::new(turn)))
+    }
+
+    /// The driver's turn, if this is one of type `T`.
+    pub fn into_inner<T: std::any::Any>(self) -> Option<T> {
+        self.0
+            .and_then(|t| (t as Box<dyn std::any::Any>).downcast::<T>().ok())
+            .map(|t| *t)
+    }
+}
+
+impl fmt::Debug for WriteTurn {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(if self.0.is_some() {
+            "WriteTurn(held)"
+        } else {
+            "WriteTurn(none)"
+        })
+    }
+}
+
 /// One database, whatever the driver.
 #[async_trait]
 pub trait Storage:
@@ -582,14 +612,32 @@ pub trait Storage:
     fn empty_claim_is_cheap(&self) -> bool {
         false
     }
-    /// Run `writes` in one transaction (one fsync). Outer error: nothing
-    /// committed. Inner errors: that write alone was refused and rolled
-    /// back; the others committed.
+    /// This process's turn to write, for a batch whose writes are chosen
+    /// once it has come ([`Storage::write_batch_in`]): a group commit that
+    /// waits for another process's commit meanwhile gathers the writes
+    /// that arrive. Drivers with no such turn give an empty one.
+    async fn write_turn(&self) -> WriteTurn {
+        WriteTurn::default()
+    }
+    /// Run `writes` in one transaction (one fsync), in `turn` (from
+    /// [`Storage::write_turn`]; an empty one: the driver takes its own).
+    /// Outer error: nothing committed. Inner errors: that write alone was
+    /// refused and rolled back; the others committed.
+    async fn write_batch_in(
+        &self,
+        turn: WriteTurn,
+        writes: &[Write],
+        now: i64,
+    ) -> Result<Vec<Result<Written, StoreError>>, StoreError>;
+    /// [`Storage::write_batch_in`] in a turn of its own.
     async fn write_batch(
         &self,
         writes: &[Write],
         now: i64,
-    ) -> Result<Vec<Result<Written, StoreError>>, StoreError>;
+    ) -> Result<Vec<Result<Written, StoreError>>, StoreError> {
+        let turn = self.write_turn().await;
+        self.write_batch_in(turn, writes, now).await
+    }
     /// A change feed positioned at the head, woken by the commits of
     /// `interest`; `shutdown` ends its watchers.
     async fn change_feed(
