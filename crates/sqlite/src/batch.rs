@@ -205,7 +205,7 @@ impl GroupCommit for SqliteStore {
                 head AS (SELECT task_seq, priority, turn, tool FROM jobs
                           WHERE state = 'queued' AND run_after <= ?4
                             AND tool IN (SELECT tool FROM cap WHERE n > 0)
-                          ORDER BY priority DESC, turn, task_seq LIMIT ?7),
+                          ORDER BY priority DESC, turn, task_seq LIMIT CAST(?7 AS INTEGER)),
                 ranked AS (SELECT task_seq, priority, turn, tool,
                                   row_number() OVER (PARTITION BY tool ORDER BY priority DESC, turn, task_seq) AS rn
                              FROM head)
@@ -213,7 +213,7 @@ impl GroupCommit for SqliteStore {
                   lease_token = ?2, lease_expires_at = ?3, changed_at = ?4
             WHERE task_seq IN (SELECT k.task_seq FROM ranked k JOIN cap c ON c.tool = k.tool
                                 WHERE k.rn <= c.n
-                                ORDER BY k.priority DESC, k.turn, k.task_seq LIMIT ?5)
+                                ORDER BY k.priority DESC, k.turn, k.task_seq LIMIT CAST(?5 AS INTEGER))
            RETURNING task_seq AS "task_seq!",
                      (SELECT task_id FROM tasks WHERE seq = task_seq) AS "task_id!: String",
                      tool AS "tool!: String",

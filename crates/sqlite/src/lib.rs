@@ -10,6 +10,12 @@
 //! (`write_lock.rs`), so writers wait in the kernel, not in SQLite's busy
 //! sleeps. Other processes learn of commits through `PRAGMA data_version`
 //! and the wake file (`wake.rs`).
+//!
+//! A `LIMIT` takes its bound value as `CAST(? AS INTEGER)`, never a bare
+//! `?`: SQLite plans with the value bound to a bare `LIMIT ?`, so every
+//! new binding expires the prepared statement, and each execution is
+//! parsed and planned again (the claim and the feed reads, on every
+//! commit).
 
 mod batch;
 mod claimers;

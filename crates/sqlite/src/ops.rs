@@ -165,7 +165,7 @@ impl OpsStore for SqliteStore {
                           AND instr(?, ',' || status || ',') > 0
                           AND (? IS NULL OR tool = ?)
                         ORDER BY seq DESC
-                        LIMIT ?"#,
+                        LIMIT CAST(? AS INTEGER)"#,
                     before,
                     statuses,
                     tool,
@@ -184,7 +184,7 @@ impl OpsStore for SqliteStore {
                           AND (? = '' OR instr(?, ',' || status || ',') > 0)
                           AND (? IS NULL OR tool = ?)
                         ORDER BY seq DESC
-                        LIMIT ?"#,
+                        LIMIT CAST(? AS INTEGER)"#,
                     owner,
                     before,
                     statuses,
@@ -205,7 +205,7 @@ impl OpsStore for SqliteStore {
                           AND (? = '' OR instr(?, ',' || status || ',') > 0)
                           AND (? IS NULL OR tool = ?)
                         ORDER BY seq DESC
-                        LIMIT ?"#,
+                        LIMIT CAST(? AS INTEGER)"#,
                     before,
                     statuses,
                     statuses,
@@ -240,7 +240,7 @@ impl OpsStore for SqliteStore {
         let mut events = sqlx::query_as!(
             StatusChangeText,
             r#"SELECT id AS "id!", from_status, to_status, message, at
-                 FROM task_events WHERE task_seq = ? ORDER BY id DESC LIMIT ?"#,
+                 FROM task_events WHERE task_seq = ? ORDER BY id DESC LIMIT CAST(? AS INTEGER)"#,
             task.seq,
             HISTORY_LIMIT
         )
@@ -249,7 +249,7 @@ impl OpsStore for SqliteStore {
         let mut job_events = sqlx::query_as!(
             JobEventInfo,
             r#"SELECT id AS "id!", attempt, event, worker, reason, at
-                 FROM job_events WHERE task_seq = ? ORDER BY id DESC LIMIT ?"#,
+                 FROM job_events WHERE task_seq = ? ORDER BY id DESC LIMIT CAST(? AS INTEGER)"#,
             task.seq,
             HISTORY_LIMIT
         )
@@ -258,7 +258,7 @@ impl OpsStore for SqliteStore {
         let mut progress = sqlx::query_as!(
             ProgressReport,
             r#"SELECT id AS "id!", progress, total, message, at
-                 FROM task_progress WHERE task_seq = ? ORDER BY id DESC LIMIT ?"#,
+                 FROM task_progress WHERE task_seq = ? ORDER BY id DESC LIMIT CAST(? AS INTEGER)"#,
             task.seq,
             PROGRESS_LIMIT
         )
@@ -267,7 +267,7 @@ impl OpsStore for SqliteStore {
         let mut messages = sqlx::query_as!(
             MessageInfo,
             r#"SELECT request_id, method, params, state, response, created_at, answered_at
-                 FROM task_messages WHERE task_seq = ? ORDER BY id DESC LIMIT ?"#,
+                 FROM task_messages WHERE task_seq = ? ORDER BY id DESC LIMIT CAST(? AS INTEGER)"#,
             task.seq,
             HISTORY_LIMIT
         )

@@ -124,7 +124,7 @@ impl SessionStore for SqliteStore {
                        AND NOT EXISTS (SELECT 1 FROM tasks t
                                         WHERE t.session_id = s.session_id
                                           AND (t.expires_at IS NULL OR t.expires_at > ?1))
-                     LIMIT ?3)",
+                     LIMIT CAST(?3 AS INTEGER))",
             now,
             cutoff,
             batch
@@ -140,7 +140,7 @@ impl SessionStore for SqliteStore {
                        AND NOT EXISTS (SELECT 1 FROM tasks t
                                         WHERE t.session_id = s.session_id
                                           AND (t.expires_at IS NULL OR t.expires_at > ?1))
-                     LIMIT ?2)",
+                     LIMIT CAST(?2 AS INTEGER))",
             now,
             batch
         )

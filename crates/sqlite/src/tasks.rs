@@ -60,7 +60,7 @@ impl TaskStore for SqliteStore {
                  FROM tasks_as_served
                 WHERE owner = ? AND seq < ? AND (expires_at IS NULL OR expires_at > ?)
                 ORDER BY seq DESC
-                LIMIT ?"#,
+                LIMIT CAST(? AS INTEGER)"#,
             owner,
             before,
             now,
@@ -221,12 +221,12 @@ impl TaskStore for SqliteStore {
                       archive AS "archive!: bool"
                  FROM (SELECT * FROM tasks
                         WHERE expires_at IS NOT NULL AND expires_at <= ?1 AND keep_until IS NULL
-                        LIMIT ?2)
+                        LIMIT CAST(?2 AS INTEGER))
                UNION ALL
                SELECT seq, tool, status, updated_at, keep_until, retain_completed_ms,
                       retain_failed_ms, retain_cancelled_ms, archive
                  FROM (SELECT * FROM tasks WHERE keep_until IS NOT NULL AND keep_until <= ?1
-                        LIMIT ?2)"#,
+                        LIMIT CAST(?2 AS INTEGER))"#,
             now,
             limit
         )
@@ -295,7 +295,7 @@ impl TaskStore for SqliteStore {
                 WHERE seq > ?3
                   AND ((expires_at IS NOT NULL AND expires_at <= ?1 AND keep_until IS NULL)
                        OR (keep_until IS NOT NULL AND keep_until <= ?1))
-                ORDER BY seq LIMIT ?2"#,
+                ORDER BY seq LIMIT CAST(?2 AS INTEGER)"#,
             now,
             limit,
             after_seq
@@ -319,7 +319,7 @@ impl TaskStore for SqliteStore {
                       t.created_at, t.ttl_ms, t.poll_interval_ms, t.tool_error AS "tool_error!: bool",
                       NULL AS "result?: String", NULL AS "result_kind?: String"
                  FROM task_events e JOIN tasks t ON t.seq = e.task_seq
-                WHERE t.owner = ? AND e.id > ? ORDER BY e.id LIMIT ?"#,
+                WHERE t.owner = ? AND e.id > ? ORDER BY e.id LIMIT CAST(? AS INTEGER)"#,
             owner,
             after_id,
             limit
@@ -362,7 +362,7 @@ impl SqliteStore {
         let rows = sqlx::query_as!(
             ProgressEvent,
             r#"SELECT id AS "id!", task_id, progress, total, message FROM task_progress
-                WHERE id > ? ORDER BY id LIMIT ?"#,
+                WHERE id > ? ORDER BY id LIMIT CAST(? AS INTEGER)"#,
             after_id,
             limit
         )
@@ -399,7 +399,7 @@ impl SqliteStore {
                             AND length(CAST(t.result AS BLOB)) <= 4096 THEN t.result_kind END
                         AS "result_kind?: String"
                  FROM task_events e JOIN tasks t ON t.seq = e.task_seq
-                WHERE e.id > ? ORDER BY e.id LIMIT ?"#,
+                WHERE e.id > ? ORDER BY e.id LIMIT CAST(? AS INTEGER)"#,
             after_id,
             limit
         )
@@ -427,7 +427,7 @@ impl SqliteStore {
                 WHERE e.id > ? AND e.id <= ?
                   AND (e.to_status = 'cancelled'
                        OR (e.to_status = 'working' AND e.from_status = 'input_required'))
-                ORDER BY e.id LIMIT ?"#,
+                ORDER BY e.id LIMIT CAST(? AS INTEGER)"#,
             after_id,
             upto,
             limit
