@@ -107,6 +107,34 @@ fn open_failed(path: &Path, error: &dyn std::fmt::Display) -> StoreError {
     open_error(path, reason)
 }
 
+/// The file `<db><suffix>` beside the database (wake files, the write
+/// lock).
+pub(crate) fn side_file_path(db: &Path, suffix: &str) -> PathBuf {
+    let mut name = db.as_os_str().to_owned();
+    name.push(suffix);
+    PathBuf::from(name)
+}
+
+/// Open (or create) a file beside the database for writing: never through
+/// a symlink (one planted at its name could point at the database itself),
+/// and only a regular file.
+pub(crate) fn open_side_file(path: &Path) -> std::io::Result<std::fs::File> {
+    use std::os::unix::fs::OpenOptionsExt;
+    let file = std::fs::OpenOptions::new()
+        .create(true)
+        .truncate(false)
+        .write(true)
+        .custom_flags(nix::libc::O_NOFOLLOW)
+        .open(path)?;
+    if !file.metadata()?.is_file() {
+        return Err(std::io::Error::other(format!(
+            "{} is not a regular file",
+            path.display()
+        )));
+    }
+    Ok(file)
+}
+
 /// Handle on one broker database: a single-connection write pool (SQLite has
 /// one writer; queueing in-process is cheaper than busy-waiting) and a
 /// read-only pool that WAL lets run beside it.

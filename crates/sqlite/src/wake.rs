@@ -65,24 +65,8 @@ pub struct WakeFile {
 impl WakeFile {
     /// Open (or create) the wake file `<db><suffix>`.
     fn open(db: &Path, suffix: &str) -> std::io::Result<Self> {
-        let mut name = db.as_os_str().to_owned();
-        name.push(suffix);
-        let path = PathBuf::from(name);
-        use std::os::unix::fs::OpenOptionsExt;
-        // Never through a symlink (one planted at this name could point at
-        // the database itself), and only a regular file.
-        let file = OpenOptions::new()
-            .create(true)
-            .truncate(false)
-            .write(true)
-            .custom_flags(nix::libc::O_NOFOLLOW)
-            .open(&path)?;
-        if !file.metadata()?.is_file() {
-            return Err(std::io::Error::other(format!(
-                "{} is not a regular file",
-                path.display()
-            )));
-        }
+        let path = crate::side_file_path(db, suffix);
+        let file = crate::open_side_file(&path)?;
         Ok(Self { file, path })
     }
 

@@ -22,7 +22,7 @@
 //! SQLite's lock and its busy timeout, which say "database is locked" if
 //! the holder is still there.
 
-use std::fs::{File, OpenOptions, TryLockError};
+use std::fs::{File, TryLockError};
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -76,10 +76,8 @@ impl Drop for WriteTurn {
 impl WriteLock {
     /// Open (or create) `<db>-writer`.
     pub(crate) fn open(db: &Path, wait_at_most: Duration) -> std::io::Result<Self> {
-        let mut name = db.as_os_str().to_owned();
-        name.push("-writer");
-        let path = PathBuf::from(name);
-        let file = open_lock_file(&path)?;
+        let path = crate::side_file_path(db, "-writer");
+        let file = crate::open_side_file(&path)?;
         Ok(Self {
             file: Arc::new(file),
             path,
@@ -113,7 +111,7 @@ impl WriteLock {
         }
         let (path, waiting) = (self.path.clone(), self.waiting.clone());
         let waiter = tokio::task::spawn_blocking(move || {
-            let taken = open_lock_file(&path).and_then(|file| file.lock().map(|()| file));
+            let taken = crate::open_side_file(&path).and_then(|file| file.lock().map(|()| file));
             waiting.store(false, Ordering::Release);
             taken
         });
@@ -138,22 +136,4 @@ impl WriteLock {
             }
         }
     }
-}
-
-/// The lock file, never through a symlink and only a regular file.
-fn open_lock_file(path: &Path) -> std::io::Result<File> {
-    use std::os::unix::fs::OpenOptionsExt;
-    let file = OpenOptions::new()
-        .create(true)
-        .truncate(false)
-        .write(true)
-        .custom_flags(nix::libc::O_NOFOLLOW)
-        .open(path)?;
-    if !file.metadata()?.is_file() {
-        return Err(std::io::Error::other(format!(
-            "{} is not a regular file",
-            path.display()
-        )));
-    }
-    Ok(file)
 }
