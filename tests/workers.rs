@@ -1342,3 +1342,37 @@ async fn a_frozen_holder_of_the_write_turn_delays_sqlite_writes_once_by_the_busy
         "no other write gave up on its turn: {log}"
     );
 }
+
+/// Issue 26: a process whose wait for the write turn outlived its bound
+/// (here the test process holds the turn throughout) still stops at once on
+/// SIGTERM: the abandoned wait's thread, still blocked on the file, does
+/// not hold the process's shutdown.
+#[tokio::test]
+async fn a_broker_that_gave_up_on_its_write_turn_still_stops_on_sigterm() {
+    let mut server = Server::start(&[]);
+    let mut c = server.client().await;
+    let lock = write_lock_file(&server);
+    lock.lock().expect("the turn is free while nothing writes");
+    let task_id = id(&c.call_task("sleep", json!({"seconds": 0})).await);
+    let result = c.ok("tasks/result", json!({"taskId": task_id})).await;
+    assert_eq!(result["content"][0]["text"], "slept 0 s", "{result}");
+    assert!(server.log().contains("writing without it"));
+    let pid = server.child().id();
+    Command::new("kill")
+        .args(["-TERM", &pid.to_string()])
+        .status()
+        .expect("kill");
+    let deadline = Instant::now() + Duration::from_secs(30);
+    let status = loop {
+        if let Some(status) = server.child().try_wait().expect("try_wait") {
+            break Some(status);
+        }
+        if Instant::now() > deadline {
+            break None;
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    };
+    lock.unlock().expect("unlock");
+    let status = status.expect("the broker stopped while another process held the turn");
+    assert!(status.success(), "a graceful stop: {status:?}");
+}

@@ -230,8 +230,7 @@ impl SqliteStore {
             .test_before_acquire(false)
             .connect_with(options.read_only(true))
             .await?;
-        let write_lock = WriteLock::open(path, BUSY_TIMEOUT)
-            .map_err(|e| open_error(path, format!("cannot open its write lock file: {e}")))?;
+        let write_lock = WriteLock::open(path, BUSY_TIMEOUT);
         Ok(Self {
             write,
             write_lock: Arc::new(write_lock),
