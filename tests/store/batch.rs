@@ -755,16 +755,20 @@ async fn sqlite_plans() -> Vec<(String, Vec<(i64, i64, i64, String)>)> {
 async fn sqlite_statements_limit_rows_by_no_bare_parameter() {
     let mut offending = Vec::new();
     for (sql, _) in sqlite_plans().await {
-        let words: Vec<&str> = sql.split_whitespace().collect();
-        for pair in words.windows(2) {
-            let keyword =
-                pair[0].eq_ignore_ascii_case("LIMIT") || pair[0].eq_ignore_ascii_case("OFFSET");
-            let bare = pair[1]
-                .trim_end_matches([')', ';', ','])
-                .strip_prefix('?')
-                .is_some_and(|n| n.chars().all(|c| c.is_ascii_digit()));
-            if keyword && bare {
-                offending.push(sql.clone());
+        let upper = sql.to_ascii_uppercase();
+        for keyword in ["LIMIT", "OFFSET"] {
+            for (at, _) in upper.match_indices(keyword) {
+                let word_before = upper[..at]
+                    .chars()
+                    .next_back()
+                    .is_some_and(|c| c.is_ascii_alphanumeric() || c == '_');
+                // What the value starts with, past spaces and parentheses.
+                let value = upper[at + keyword.len()..]
+                    .trim_start_matches(|c: char| c.is_whitespace() || c == '(');
+                let bare = value.starts_with(['?', ':', '@', '$']);
+                if !word_before && bare {
+                    offending.push(sql.clone());
+                }
             }
         }
     }
