@@ -249,6 +249,16 @@ impl WorkerPool {
                     break;
                 }
             }
+            // Unless word of a job is certain, a cheap read (no write lock)
+            // looks first, where a claim that finds nothing costs more than
+            // that read; it holds no slot, so the writer's hand-off of a job
+            // created meanwhile is not refused for want of one.
+            queued_elsewhere.borrow_and_update();
+            queued_for_others.borrow_and_update();
+            if !certain && !self.looks_runnable().await {
+                drained = true;
+                continue;
+            }
             // Every slot is held before the claim: the writer's hand-off
             // takes slots too, and a claimed job must never lack one.
             let reserved = tokio::select! {
@@ -259,8 +269,6 @@ impl WorkerPool {
                 }
                 reserved = self.slots.reserve(self.slots.cap()) => reserved,
             };
-            queued_elsewhere.borrow_and_update();
-            queued_for_others.borrow_and_update();
             let Some(mut reserved) = reserved else {
                 // Every tool is at its limit: wait for a slot to come back.
                 drained = true;
@@ -269,7 +277,7 @@ impl WorkerPool {
             };
             tool_capped = reserved.capped();
             let want = reserved.len();
-            let claimed = self.claim(&reserved, certain).await;
+            let claimed = self.claim(&reserved).await;
             drained = claimed.len() < want;
             certain = true;
             if claimed.is_empty() {
@@ -328,22 +336,23 @@ impl WorkerPool {
         });
     }
 
-    /// Claim what `reserved` has room for. Unless jobs are `likely` there,
-    /// a cheap read (no write lock) looks first, where a claim that finds
-    /// nothing costs more than that read.
-    async fn claim(
-        &self,
-        reserved: &crate::broker::slots::Reservation,
-        likely: bool,
-    ) -> Vec<ClaimedJob> {
-        let now = now_ms();
-        if !likely && !self.store.empty_claim_is_cheap() {
-            match self.store.job_any_runnable(now).await {
-                Ok(false) => return Vec::new(),
-                Ok(true) => {}
-                Err(e) => tracing::warn!(error = %e, "queue check failed"),
+    /// Whether a claim may find a job: a read where a claim that finds
+    /// nothing costs more than it (yes where it does not, or the read fails).
+    async fn looks_runnable(&self) -> bool {
+        if self.store.empty_claim_is_cheap() {
+            return true;
+        }
+        match self.store.job_any_runnable(now_ms()).await {
+            Ok(any) => any,
+            Err(e) => {
+                tracing::warn!(error = %e, "queue check failed");
+                true
             }
         }
+    }
+
+    /// Claim what `reserved` has room for.
+    async fn claim(&self, reserved: &crate::broker::slots::Reservation) -> Vec<ClaimedJob> {
         let token = uuid::Uuid::new_v4().to_string();
         let began = crate::traces::enabled().then(std::time::SystemTime::now);
         // Through the writer: the claim shares a group commit (one fsync)
