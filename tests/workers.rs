@@ -1236,6 +1236,12 @@ async fn wake_file_beside_the_database_stays_one_byte() {
     }
 }
 
+/// A `sleep 0` task called as a task, and its tasks/result.
+async fn sleep_zero_result(c: &mut Client) -> Value {
+    let task_id = id(&c.call_task("sleep", json!({"seconds": 0})).await);
+    c.ok("tasks/result", json!({"taskId": task_id})).await
+}
+
 /// The file beside a SQLite database that gives processes their turns at
 /// the write lock.
 fn write_lock_file(server: &Server) -> std::fs::File {
@@ -1263,10 +1269,7 @@ async fn a_sqlite_write_waits_for_another_processes_turn_and_goes_on_when_it_end
         sqlite_write_lock_is_free(&server.db(), false).await,
         "the turn is a file of its own: SQLite's lock stays free"
     );
-    let call = async {
-        let task_id = id(&c.call_task("sleep", json!({"seconds": 0})).await);
-        c.ok("tasks/result", json!({"taskId": task_id})).await
-    };
+    let call = sleep_zero_result(&mut c);
     tokio::pin!(call);
     assert!(
         tokio::time::timeout(Duration::from_secs(1), &mut call)
@@ -1317,10 +1320,7 @@ async fn a_frozen_holder_of_the_write_turn_delays_sqlite_writes_once_by_the_busy
         if lock.try_lock().is_err() {
             continue;
         }
-        let call = async {
-            let task_id = id(&c.call_task("sleep", json!({"seconds": 0})).await);
-            c.ok("tasks/result", json!({"taskId": task_id})).await
-        };
+        let call = sleep_zero_result(&mut c);
         tokio::pin!(call);
         waited = tokio::time::timeout(Duration::from_secs(1), &mut call)
             .await
