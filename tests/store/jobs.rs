@@ -241,6 +241,54 @@ async fn job_heartbeat_extends_lease(db: TestDb) {
 }
 store_test!(job_heartbeat_extends_lease);
 
+/// Job history has one row per job whose state a statement changed, in
+/// task order, and none for a change of anything else: on PostgreSQL one
+/// statement trigger writes a whole statement's history (migration V18),
+/// where a row trigger wrote it row by row.
+async fn job_history_has_a_row_per_job_a_claim_took_and_none_for_a_heartbeat(db: TestDb) {
+    let mut seqs = Vec::new();
+    for i in 0..3 {
+        let row = db
+            .store
+            .task_create(
+                &new_task(&format!("t-{i}"), "alice"),
+                Some(JOB),
+                None,
+                T0 + i,
+            )
+            .await
+            .unwrap();
+        seqs.push(row.seq);
+    }
+    let claimed = db
+        .store
+        .job_claim_available("w1", "lease-1", &echo(3), 3, LEASE_MS, T0 + 10)
+        .await
+        .unwrap();
+    assert_eq!(claimed.len(), 3, "one claim took the three jobs");
+    for &seq in &seqs {
+        db.store
+            .job_heartbeat(seq, "lease-1", LEASE_MS, T0 + 20)
+            .await
+            .unwrap();
+    }
+    let raw = db.raw().await;
+    let history: Vec<(i64, i64, String, Option<String>, i64)> = raw
+        .rows(
+            "SELECT task_seq, attempt, event, worker, at FROM job_events ORDER BY id",
+            args![],
+        )
+        .await
+        .unwrap();
+    let expected: Vec<(i64, i64, String, Option<String>, i64)> = seqs
+        .iter()
+        .map(|&seq| (seq, 1, "claimed".to_owned(), Some("w1".to_owned()), T0 + 10))
+        .collect();
+    assert_eq!(history, expected);
+    raw.close().await;
+}
+store_test!(job_history_has_a_row_per_job_a_claim_took_and_none_for_a_heartbeat);
+
 async fn job_heartbeat_reports_cancel_requested(db: TestDb) {
     let row = db
         .store

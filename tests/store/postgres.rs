@@ -79,20 +79,28 @@ async fn issue26_feed_ids_are_drawn_at_commit() {
                 ("first", "input_required"),
             ]
         );
-        let source: String = raw
-            .scalar(
-                "SELECT prosrc FROM pg_proc WHERE proname = 'taskbroker_feed_order'",
-                args![],
-            )
-            .await
-            .expect("the trigger function");
-        assert!(
-            source.contains(&format!(
-                "pg_advisory_xact_lock({})",
-                taskbroker_postgres::FEED_LOCK_KEY
-            )),
-            "{source}"
-        );
+        // Status history takes the lock in the functions that write it
+        // (migration V18), progress in its statement trigger.
+        for function in [
+            "tasks_history_insert",
+            "tasks_history_update",
+            "taskbroker_feed_order",
+        ] {
+            let source: String = raw
+                .scalar(
+                    "SELECT prosrc FROM pg_proc WHERE proname = $1",
+                    args![function],
+                )
+                .await
+                .expect("the trigger function");
+            assert!(
+                source.contains(&format!(
+                    "pg_advisory_xact_lock({})",
+                    taskbroker_postgres::FEED_LOCK_KEY
+                )),
+                "{function}: {source}"
+            );
+        }
         raw.close().await;
         a.close().await.unwrap();
         b.close().await.unwrap();
