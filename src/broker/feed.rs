@@ -29,6 +29,13 @@
 //! The others' status changes are read together about once a second, and
 //! their progress only along with progress that concerns this process, so
 //! that a broker's reads do not grow with the tasks other brokers serve.
+//!
+//! The feed also keeps, for a while, the rows of the tasks this process
+//! created and handed to its own pool in the creating commit
+//! ([`Feed::remember_created`], `created.rs`): until this process publishes
+//! a change of such a task, the row as created (or as this process ended
+//! it) is the row as it is, and the first look of a `tasks/result` takes it
+//! instead of reading the task again ([`Feed::take_created`]).
 
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
@@ -38,9 +45,10 @@ use std::time::Duration;
 use tokio::sync::{Notify, broadcast, mpsc, watch};
 use tokio_util::sync::CancellationToken;
 
+use super::created::CreatedRows;
 use crate::store::{
     ChangeFeed, ClaimerId, Concerned, FeedInterest, ProgressEvent, Signal, Store, StoreError,
-    TaskEvent, TaskOutcome,
+    TaskEvent, TaskOutcome, TaskRow,
 };
 
 /// One change the feed reports.
@@ -142,6 +150,10 @@ pub struct Feed {
     /// calls, running jobs): an event wakes those, not every waiter.
     watchers: Arc<Mutex<TaskWatchers>>,
     next_watch: Arc<AtomicU64>,
+    /// Tasks created here and run by this process's pool, as created,
+    /// while no change of them was published (see
+    /// [`Feed::remember_created`]).
+    created: Arc<Mutex<CreatedRows>>,
     /// Owners and streams that follow more than single tasks.
     followers: Arc<Followers>,
     kick: Arc<Notify>,
@@ -174,6 +186,7 @@ impl Feed {
             events,
             watchers: Arc::default(),
             next_watch: Arc::default(),
+            created: Arc::default(),
             followers: Arc::default(),
             kick: Arc::new(Notify::new()),
             progress_kicked: Arc::default(),
@@ -247,8 +260,57 @@ impl Feed {
         })
     }
 
-    /// Send `event` to every subscriber and to its task's watchers.
+    /// Keep `row`, a task created in a commit that also handed its job to
+    /// this process's pool, for the first look of a `tasks/result`
+    /// ([`Feed::take_created`]). Call it after the commit and before anyone
+    /// learns of the task (its creator's answer, its job's start), so that
+    /// every change of the task is published after it and forgets it.
+    pub fn remember_created(&self, row: &TaskRow) {
+        lock(&self.created).keep(row);
+    }
+
+    /// Forget a created row kept by [`Feed::remember_created`] (its job did
+    /// not reach this process's pool after all).
+    pub fn forget_created(&self, task_id: &str) {
+        lock(&self.created).forget(task_id);
+    }
+
+    /// The row of `task_id` as this process created it (without the
+    /// call's arguments), if kept and no change of the task has been
+    /// published since but its end (then the ended row); taken (a later
+    /// look reads the task). Watch the task first ([`Feed::watch_task`]): a
+    /// change published after this look then reaches the watch. A change
+    /// committed by another process reaches it when this process's feed
+    /// reads it: at once where it hears which tasks changed, or with its
+    /// catch-up read (within a second) when it heard of the change before
+    /// the watch began (PostgreSQL: another server's cancel in the moment
+    /// between the creation and the first `tasks/result`).
+    pub fn take_created(&self, task_id: &str) -> Option<TaskRow> {
+        lock(&self.created).take(task_id)
+    }
+
+    /// Send `event` to every subscriber and to its task's watchers. A
+    /// change of a task (anything but its creation and its progress)
+    /// updates or forgets its created row first.
     fn publish(&self, event: FeedEvent) {
+        match &event {
+            // Its end with what was recorded (read, perhaps before this
+            // process's own word of it).
+            FeedEvent::Status(TaskEvent {
+                task_id,
+                outcome: Some(outcome),
+                at,
+                ..
+            }) => lock(&self.created).ended(task_id, outcome, *at),
+            FeedEvent::Status(e) if e.from_status.is_some() => {
+                lock(&self.created).changed(&e.task_id);
+            }
+            FeedEvent::Written(task_id, Some(ended)) => {
+                lock(&self.created).ended(task_id, &ended.outcome, ended.at);
+            }
+            FeedEvent::Written(task_id, None) => lock(&self.created).changed(task_id),
+            FeedEvent::Status(_) | FeedEvent::Progress(_) => {}
+        }
         let event = Arc::new(event);
         if let Some(watchers) = self.lock_watchers().get(event.task_id()) {
             for (_, tx) in watchers {
@@ -348,10 +410,11 @@ impl Feed {
     }
 
     /// [`Feed::written`] for the task's end: `outcome` (made only if a
-    /// waiter here watches the task) goes with it.
+    /// waiter here watches the task, or its created row is kept) goes with
+    /// it.
     pub fn ended(&self, task_id: &str, outcome: impl FnOnce() -> TaskOutcome, at: i64) {
-        let watched = self.lock_watchers().contains_key(task_id);
-        let ended = watched.then(|| {
+        let wanted = self.lock_watchers().contains_key(task_id) || lock(&self.created).has(task_id);
+        let ended = wanted.then(|| {
             Arc::new(Ended {
                 outcome: outcome(),
                 at,
@@ -526,7 +589,7 @@ impl Default for Feed {
     }
 }
 
-/// The task watchers, even after a panic elsewhere held the lock.
-fn lock(watchers: &Mutex<TaskWatchers>) -> std::sync::MutexGuard<'_, TaskWatchers> {
-    watchers.lock().unwrap_or_else(|p| p.into_inner())
+/// The feed's shared maps, even after a panic elsewhere held the lock.
+fn lock<T>(map: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
+    map.lock().unwrap_or_else(|p| p.into_inner())
 }

@@ -3,6 +3,7 @@
 //! what clients carry. Speaks in domain types; knows nothing of HTTP, and
 //! leaves every SQL statement to the storage drivers.
 
+mod created;
 pub mod cursor;
 mod feed;
 pub mod idempotency;
@@ -541,14 +542,19 @@ impl Broker {
 
     /// tasks/result, first look: the stored outcome, or what waiting for it
     /// needs. The feed is subscribed before the row is read, so no change
-    /// after this look goes unseen.
+    /// after this look goes unseen. A task this process created and runs,
+    /// of which it has seen no change since, is not read: its row as
+    /// created is the row as it is ([`Feed::take_created`]).
     pub async fn tasks_result_start(
         &self,
         owner: &Owner,
         task_id: &str,
     ) -> Result<ResultLook, BrokerError> {
         let feed = self.feed.watch_task(task_id);
-        let row = self.visible_row(owner, task_id).await?;
+        let row = match self.feed.take_created(task_id) {
+            Some(row) if row.owner == owner.as_str() => unexpired(row)?,
+            _ => self.visible_row(owner, task_id).await?,
+        };
         Ok(match result_of(&row) {
             TaskResult::Pending => ResultLook::Pending(PendingResult {
                 feed,

@@ -168,6 +168,23 @@ impl Writer {
                     Some(_) if done.len() == writes.len() => done.pop(),
                     _ => None,
                 };
+                // Tasks whose jobs the hand-off claim took: kept as created
+                // for the first look of their tasks/result, before anyone
+                // learns of them (the creators' answers, the jobs' starts).
+                let kept: HashSet<&str> = match &claimed {
+                    Some(Ok(Written::Claimed(jobs))) => {
+                        jobs.iter().map(|j| j.task_id.as_str()).collect()
+                    }
+                    _ => HashSet::new(),
+                };
+                for d in &done {
+                    if let Ok(Written::Created(row)) = d
+                        && kept.contains(row.task_id.as_str())
+                    {
+                        feed.remember_created(row);
+                    }
+                }
+                let kept: Vec<String> = kept.into_iter().map(str::to_owned).collect();
                 // Completions that took: this process's waiters get the
                 // outcome with the word (no read of the task again).
                 let mut ended = HashSet::new();
@@ -194,6 +211,11 @@ impl Writer {
                     }
                     _ => Vec::new(),
                 };
+                // Claimed but not given to the pool (it stopped): queued
+                // again, so run elsewhere; their rows are read as before.
+                for task_id in kept.iter().filter(|id| !taken.contains(id)) {
+                    feed.forget_created(task_id);
+                }
                 // Wake the pool for what it was not given: this batch's jobs
                 // not handed off (an older due job may have been taken
                 // instead of one of them).
