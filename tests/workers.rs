@@ -802,14 +802,16 @@ const TASK_READ: &str = "FROM tasks_as_served WHERE task_id";
 
 /// Issue 26: a broker whose own pool runs a task it created (the job
 /// handed to the pool in the creating commit, as `serve` does by default)
-/// knows the task as created, or as it ended it, until it sees another
-/// change of it, so the first look of the task's `tasks/result` reads
-/// nothing: over 200 `sleep 0` tasks from 8 clients the broker reads at
-/// most 40 tasks by id (counted in its sqlx statement log; 200 before, one
-/// per `tasks/result`; 0 to 14 seen here: a creation that finds the pool's
+/// knows the task as created, or as it ended, until it sees another change
+/// of it, so the first look of the task's `tasks/result` reads nothing:
+/// over 200 `sleep 0` tasks from 8 clients the broker reads at most 40
+/// tasks by id (counted in its sqlx statement log; 200 before, one per
+/// `tasks/result`; 0 to 14 seen here: a creation that finds the pool's
 /// slots held by the pool's own claim leaves its job to that claim, and
-/// its task is read as before), and every result is right. A task cancelled before its `tasks/result` is asked
-/// for is still answered as cancelled, not waited on.
+/// its task is read as before), and every result is right. A task
+/// cancelled before its `tasks/result` is asked for is answered as
+/// cancelled (a row kept from its creation would make that call wait for
+/// the task's ttl).
 async fn tasks_result_of_a_task_the_brokers_own_pool_runs_reads_no_task(driver: Driver) {
     let server = Server::start_with_config_on_env(
         driver,

@@ -25,7 +25,12 @@
 -- order) and says whether a claimable job was queued, in one statement
 -- (the INSERT is a data-modifying WITH); it replaces the row trigger
 -- jobs_history and the statement trigger jobs_notify_queued_update. The
--- worker processes it names are chosen as in V15.
+-- worker processes it names are chosen as in V15. Within one statement the
+-- rows now come in task order (before: in the order the rows were
+-- updated); a job's own rows keep their order. The old and new rows are
+-- matched by task_seq, which nothing updates (an UPDATE that changed it
+-- would write no history). Every UPDATE of jobs now runs the trigger's one
+-- statement, a heartbeat too (it writes nothing then).
 
 CREATE OR REPLACE FUNCTION tasks_history_insert() RETURNS trigger
     LANGUAGE plpgsql

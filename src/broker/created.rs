@@ -1,15 +1,22 @@
 //! The rows of tasks this process created and runs in its own pool, kept
 //! for a short while so that the first look of their `tasks/result` reads
 //! nothing: until this process sees a change of such a task, the row as
-//! created is the row as it is; once this process itself ends the task,
-//! the ended row is (a terminal task never changes again). The feed keeps
-//! them up to date as it publishes changes (`Feed::publish`).
+//! created is the row as it is; once this process sees the task end with
+//! its outcome, the ended row is (a terminal task never changes again).
+//! The feed keeps them up to date as it publishes changes
+//! (`Feed::publish`).
 //!
-//! Bounded: at most [`KEPT`] rows, each for at most [`KEEP_FOR`], without
-//! the call's arguments (no look of a result uses them) and with an ended
-//! task's result only up to [`KEPT_RESULT_BYTES`] (a larger one is read);
-//! a row is taken by the first look of its `tasks/result`, so in a broker
-//! whose clients ask for their results the map holds only the tasks
+//! A task is expected before its creating commit ([`CreatedRows::expect`])
+//! and its row kept after it ([`CreatedRows::keep`]) only if no change of
+//! it was published in between: whoever learns of a task from its commit
+//! (another server's client, an idempotent retry) can change it no earlier
+//! than that commit.
+//!
+//! Bounded: at most [`MAX_KEPT_ROWS`], each for at most [`KEEP_FOR`],
+//! without the call's arguments (no look of a result uses them) and with an
+//! ended task's result only up to [`KEPT_RESULT_BYTES`] (a larger one is
+//! read); a row is taken by the first look of its `tasks/result`, so in a
+//! broker whose clients ask for their results the map holds only the tasks
 //! between their creation and that look.
 
 use std::collections::{HashMap, VecDeque};
@@ -18,66 +25,88 @@ use std::time::{Duration, Instant};
 
 use crate::store::{TaskOutcome, TaskRow};
 
-/// Most rows kept; past it the oldest go first.
-const KEPT: usize = 4096;
+/// Most rows kept (and tasks expected); past it the oldest go first.
+const MAX_KEPT_ROWS: usize = 4096;
 /// How long a row is kept at most: a client asks for its result at once or
 /// reads the task when it comes back.
 const KEEP_FOR: Duration = Duration::from_secs(10);
-
-/// The largest result kept with an ended row, bytes of JSON text (the
-/// change feed's reads carry outcomes up to the same size).
+/// The largest result kept with an ended row, bytes of JSON text: a larger
+/// one is read from the database when asked for.
 const KEPT_RESULT_BYTES: usize = 4096;
+
+/// What is kept of one task.
+#[derive(Debug)]
+enum Kept {
+    /// Its creating commit is under way.
+    Expected,
+    /// Its row as it is.
+    Row(Box<TaskRow>),
+}
 
 /// Rows by task id, and the order they came in.
 #[derive(Debug, Default)]
 pub(super) struct CreatedRows {
-    rows: HashMap<Arc<str>, (TaskRow, Instant)>,
+    rows: HashMap<Arc<str>, (Kept, Instant)>,
     order: VecDeque<(Arc<str>, Instant)>,
 }
 
 impl CreatedRows {
-    /// Keep `row` (just created) from now.
-    pub(super) fn keep(&mut self, row: &TaskRow) {
+    /// `task_id` is about to be created: a change of it published from now
+    /// on means its row is not to be kept.
+    pub(super) fn expect(&mut self, task_id: &str) {
         let now = Instant::now();
         self.drop_old(now);
-        let task_id: Arc<str> = Arc::from(row.task_id.as_str());
-        let row = TaskRow {
-            arguments: String::new(),
-            ..row.clone()
-        };
-        self.rows.insert(task_id.clone(), (row, now));
+        let task_id: Arc<str> = Arc::from(task_id);
+        self.rows.insert(task_id.clone(), (Kept::Expected, now));
         self.order.push_back((task_id, now));
+    }
+
+    /// Keep `row`, just created, if it was expected and nothing changed it
+    /// since.
+    pub(super) fn keep(&mut self, row: &TaskRow) {
+        if let Some((kept @ Kept::Expected, _)) = self.rows.get_mut(row.task_id.as_str()) {
+            *kept = Kept::Row(Box::new(TaskRow {
+                arguments: String::new(),
+                ..row.clone()
+            }));
+        }
     }
 
     /// Take the row of `task_id`, if kept.
     pub(super) fn take(&mut self, task_id: &str) -> Option<TaskRow> {
-        let (row, at) = self.rows.remove(task_id)?;
-        (at.elapsed() < KEEP_FOR).then_some(row)
+        match self.rows.remove(task_id)? {
+            (Kept::Row(row), at) if at.elapsed() < KEEP_FOR => Some(*row),
+            _ => None,
+        }
     }
 
-    /// Whether a row of `task_id` is kept.
+    /// Whether `task_id` is expected or its row kept.
     pub(super) fn has(&self, task_id: &str) -> bool {
         self.rows.contains_key(task_id)
     }
 
-    /// This process ended the task with `outcome` at `at`: its row is now
-    /// the ended one, for good.
+    /// The task ended with `outcome` at `at`: its row is now the ended one,
+    /// for good.
     pub(super) fn ended(&mut self, task_id: &str, outcome: &TaskOutcome, at: i64) {
-        if outcome.result.len() > KEPT_RESULT_BYTES {
-            self.rows.remove(task_id);
-        } else if let Some((row, _)) = self.rows.get_mut(task_id) {
-            *row = row.clone().ended_with(outcome, at);
+        match self.rows.get_mut(task_id) {
+            Some((Kept::Row(row), _)) if outcome.result.len() <= KEPT_RESULT_BYTES => {
+                **row = (**row).clone().ended_with(outcome, at);
+            }
+            Some(_) => {
+                self.rows.remove(task_id);
+            }
+            None => {}
         }
     }
 
-    /// Something else changed the task: its row is no longer known.
-    /// Its end, once recorded, is the last change there is.
+    /// Something else changed the task: its row is no longer known. Its
+    /// end, once recorded, is the last change there is.
     pub(super) fn changed(&mut self, task_id: &str) {
-        if self
-            .rows
-            .get(task_id)
-            .is_some_and(|(row, _)| !row.status.is_terminal())
-        {
+        let ended = matches!(
+            self.rows.get(task_id),
+            Some((Kept::Row(row), _)) if row.status.is_terminal()
+        );
+        if !ended {
             self.rows.remove(task_id);
         }
     }
@@ -87,15 +116,15 @@ impl CreatedRows {
         self.rows.remove(task_id);
     }
 
-    /// Drop rows kept too long, and the oldest past [`KEPT`].
+    /// Drop rows kept too long, and the oldest past [`MAX_KEPT_ROWS`].
     fn drop_old(&mut self, now: Instant) {
         while let Some((task_id, at)) = self.order.front() {
-            let full = self.order.len() >= KEPT;
+            let full = self.order.len() >= MAX_KEPT_ROWS;
             if !full && now.duration_since(*at) < KEEP_FOR {
                 break;
             }
-            // The entry of the row kept then (not a later one of the same
-            // id, which has its own place in the order).
+            // The entry of the task expected then (not a later one of the
+            // same id, which has its own place in the order).
             if self.rows.get(task_id).is_some_and(|(_, kept)| kept == at) {
                 self.rows.remove(task_id);
             }
@@ -142,10 +171,16 @@ mod tests {
         }
     }
 
+    /// `task_id` expected, then created as `row(task_id)`.
+    fn created(rows: &mut CreatedRows, task_id: &str) {
+        rows.expect(task_id);
+        rows.keep(&row(task_id));
+    }
+
     #[test]
     fn a_row_is_taken_once_without_its_arguments() {
         let mut rows = CreatedRows::default();
-        rows.keep(&row("a"));
+        created(&mut rows, "a");
         let taken = rows.take("a").unwrap();
         assert_eq!(taken.arguments, "");
         assert_eq!(taken.status, TaskStatus::Working);
@@ -155,11 +190,11 @@ mod tests {
     #[test]
     fn a_change_forgets_a_working_row_but_not_an_ended_one() {
         let mut rows = CreatedRows::default();
-        rows.keep(&row("a"));
+        created(&mut rows, "a");
         rows.changed("a");
         assert!(rows.take("a").is_none());
 
-        rows.keep(&row("b"));
+        created(&mut rows, "b");
         rows.ended("b", &outcome(r#"{"content":[]}"#), 20);
         rows.changed("b");
         let ended = rows.take("b").unwrap();
@@ -171,7 +206,7 @@ mod tests {
     #[test]
     fn an_end_with_a_large_result_is_read_instead() {
         let mut rows = CreatedRows::default();
-        rows.keep(&row("a"));
+        created(&mut rows, "a");
         rows.ended("a", &outcome(&"x".repeat(KEPT_RESULT_BYTES + 1)), 20);
         assert!(rows.take("a").is_none());
     }
@@ -179,12 +214,61 @@ mod tests {
     #[test]
     fn the_oldest_rows_go_past_the_bound() {
         let mut rows = CreatedRows::default();
-        for i in 0..KEPT + 10 {
-            rows.keep(&row(&format!("t{i}")));
+        for i in 0..MAX_KEPT_ROWS + 10 {
+            created(&mut rows, &format!("t{i}"));
         }
-        assert!(rows.rows.len() <= KEPT);
-        assert!(rows.order.len() <= KEPT);
+        assert!(rows.rows.len() <= MAX_KEPT_ROWS);
+        assert!(rows.order.len() <= MAX_KEPT_ROWS);
         assert!(rows.take("t0").is_none(), "the first went first");
-        assert!(rows.take(&format!("t{}", KEPT + 9)).is_some());
+        assert!(rows.take(&format!("t{}", MAX_KEPT_ROWS + 9)).is_some());
+    }
+
+    #[test]
+    fn the_feed_forgets_a_kept_row_at_a_change_and_keeps_its_end() {
+        let feed = crate::broker::Feed::new();
+        feed.expect_created("a");
+        feed.remember_created(&row("a"));
+        feed.written("a");
+        assert!(feed.take_created("a").is_none(), "changed: read again");
+
+        feed.expect_created("b");
+        feed.remember_created(&row("b"));
+        feed.ended("b", || outcome("{}"), 20);
+        let ended = feed.take_created("b").unwrap();
+        assert_eq!(ended.status, TaskStatus::Completed);
+        assert_eq!(ended.result.as_deref(), Some("{}"));
+    }
+
+    #[test]
+    fn a_change_during_the_creating_commit_keeps_nothing() {
+        let mut rows = CreatedRows::default();
+        rows.expect("a");
+        rows.changed("a");
+        rows.keep(&row("a"));
+        assert!(rows.take("a").is_none());
+
+        rows.expect("b");
+        rows.ended("b", &outcome("{}"), 20);
+        rows.keep(&row("b"));
+        assert!(rows.take("b").is_none());
+
+        // Never expected (not handed off): nothing kept.
+        rows.keep(&row("c"));
+        assert!(rows.take("c").is_none());
+    }
+
+    #[test]
+    fn a_task_expected_again_keeps_its_newer_place() {
+        let mut rows = CreatedRows::default();
+        created(&mut rows, "a");
+        let first = rows.order.front().map(|(_, at)| *at).unwrap();
+        rows.forget("a");
+        // Another instant for the second place.
+        std::thread::sleep(Duration::from_millis(2));
+        created(&mut rows, "a");
+        // The first place goes when it is old; the row of the second stays.
+        rows.drop_old(first + KEEP_FOR);
+        assert!(rows.has("a"));
+        assert_eq!(rows.order.len(), 1);
     }
 }

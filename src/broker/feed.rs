@@ -260,17 +260,24 @@ impl Feed {
         })
     }
 
+    /// `task_id` is about to be created in a commit that may hand its job
+    /// to this process's pool: a change of it published from now on means
+    /// its row is not to be kept ([`Feed::remember_created`]).
+    pub fn expect_created(&self, task_id: &str) {
+        lock(&self.created).expect(task_id);
+    }
+
     /// Keep `row`, a task created in a commit that also handed its job to
     /// this process's pool, for the first look of a `tasks/result`
-    /// ([`Feed::take_created`]). Call it after the commit and before anyone
-    /// learns of the task (its creator's answer, its job's start), so that
-    /// every change of the task is published after it and forgets it.
+    /// ([`Feed::take_created`]), unless a change of it was published since
+    /// [`Feed::expect_created`]. Call it before the creator hears of the
+    /// task and before its job starts.
     pub fn remember_created(&self, row: &TaskRow) {
         lock(&self.created).keep(row);
     }
 
-    /// Forget a created row kept by [`Feed::remember_created`] (its job did
-    /// not reach this process's pool after all).
+    /// Forget a task expected or kept (its job did not reach this
+    /// process's pool).
     pub fn forget_created(&self, task_id: &str) {
         lock(&self.created).forget(task_id);
     }
@@ -413,7 +420,8 @@ impl Feed {
     /// waiter here watches the task, or its created row is kept) goes with
     /// it.
     pub fn ended(&self, task_id: &str, outcome: impl FnOnce() -> TaskOutcome, at: i64) {
-        let wanted = self.lock_watchers().contains_key(task_id) || lock(&self.created).has(task_id);
+        let watched = self.lock_watchers().contains_key(task_id);
+        let wanted = watched || lock(&self.created).has(task_id);
         let ended = wanted.then(|| {
             Arc::new(Ended {
                 outcome: outcome(),

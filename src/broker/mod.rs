@@ -750,6 +750,9 @@ impl Broker {
         match outcome {
             CancelOutcome::Cancelled(row) => {
                 crate::metrics::get().task_finished(&row.tool, "cancelled");
+                // Waiters here look at once (and a kept row of the task is
+                // forgotten), before the feed reads the change.
+                self.feed.written(task_id);
                 self.feed.kick_control();
                 tracing::info!(task_id, "task cancelled");
                 Ok(task_from_row(&row))

@@ -146,6 +146,13 @@ impl Writer {
                 } else {
                     None
                 };
+                // Jobs the hand-off may take: their tasks' rows are kept
+                // after the commit unless a change of them comes first.
+                if handed.is_some() {
+                    for task_id in &created {
+                        feed.expect_created(task_id);
+                    }
+                }
                 let now = now_ms();
                 let metrics = crate::metrics::get();
                 metrics.commit_started(writes.len());
@@ -169,22 +176,29 @@ impl Writer {
                     _ => None,
                 };
                 // Tasks whose jobs the hand-off claim took: kept as created
-                // for the first look of their tasks/result, before anyone
-                // learns of them (the creators' answers, the jobs' starts).
-                let kept: HashSet<&str> = match &claimed {
+                // for the first look of their tasks/result, before their
+                // creators hear of them and their jobs start; the others
+                // expected are not.
+                let claimed_ids: HashSet<&str> = match &claimed {
                     Some(Ok(Written::Claimed(jobs))) => {
                         jobs.iter().map(|j| j.task_id.as_str()).collect()
                     }
                     _ => HashSet::new(),
                 };
-                for d in &done {
-                    if let Ok(Written::Created(row)) = d
-                        && kept.contains(row.task_id.as_str())
-                    {
-                        feed.remember_created(row);
+                let mut kept_ids = HashSet::new();
+                if handed.is_some() {
+                    for d in &done {
+                        if let Ok(Written::Created(row)) = d
+                            && claimed_ids.contains(row.task_id.as_str())
+                        {
+                            feed.remember_created(row);
+                            kept_ids.insert(row.task_id.clone());
+                        }
+                    }
+                    for task_id in created.iter().filter(|id| !kept_ids.contains(*id)) {
+                        feed.forget_created(task_id);
                     }
                 }
-                let kept: Vec<String> = kept.into_iter().map(str::to_owned).collect();
                 // Completions that took: this process's waiters get the
                 // outcome with the word (no read of the task again).
                 let mut ended = HashSet::new();
@@ -213,7 +227,7 @@ impl Writer {
                 };
                 // Claimed but not given to the pool (it stopped): queued
                 // again, so run elsewhere; their rows are read as before.
-                for task_id in kept.iter().filter(|id| !taken.contains(id)) {
+                for task_id in kept_ids.iter().filter(|id| !taken.contains(id)) {
                     feed.forget_created(task_id);
                 }
                 // Wake the pool for what it was not given: this batch's jobs

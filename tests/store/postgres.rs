@@ -93,13 +93,19 @@ async fn issue26_feed_ids_are_drawn_at_commit() {
                 )
                 .await
                 .expect("the trigger function");
-            assert!(
-                source.contains(&format!(
+            let lock = source
+                .find(&format!(
                     "pg_advisory_xact_lock({})",
                     taskbroker_postgres::FEED_LOCK_KEY
-                )),
-                "{function}: {source}"
-            );
+                ))
+                .unwrap_or_else(|| panic!("{function} takes no feed lock: {source}"));
+            // Before the feed id is drawn.
+            if let Some(insert) = source.find("INSERT INTO task_events") {
+                assert!(
+                    lock < insert,
+                    "{function}: the lock after the insert: {source}"
+                );
+            }
         }
         raw.close().await;
         a.close().await.unwrap();

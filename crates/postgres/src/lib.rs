@@ -9,8 +9,8 @@
 //! - **Feed order at commit.** Feed ids (`task_events`, `task_progress`)
 //!   are drawn under the advisory lock [`FEED_LOCK_KEY`], held until the
 //!   drawing transaction has committed, so they become visible in id order
-//!   (the schema's history functions and `taskbroker_feed_order` trigger
-//!   take it). Status history is
+//!   (the schema's status-history functions take it, and progress's
+//!   statement trigger `task_progress_feed_order`). Status history is
 //!   written inside `COMMIT` (deferred triggers, migration V14): a
 //!   transaction holds the lock only while it commits, never across the
 //!   round trips of its statements, and no transaction of this driver
@@ -68,9 +68,9 @@ use tokio_util::sync::CancellationToken;
 
 /// The advisory lock (`pg_advisory_xact_lock(bigint)`) that orders the
 /// change feed: 0x74626b5f66656564, `tbk_feed` in ASCII. The schema's
-/// triggers take it (`tasks_history_insert` and `tasks_history_update` for
-/// status history, migration V18; `taskbroker_feed_order` for progress,
-/// V1): an operator
+/// triggers take it (the functions `tasks_history_insert` and
+/// `tasks_history_update` for status history, migration V18;
+/// `taskbroker_feed_order` for progress, V1): an operator
 /// who takes it in psql holds every commit that writes the feed.
 pub const FEED_LOCK_KEY: i64 = 0x7462_6b5f_6665_6564;
 
