@@ -246,26 +246,8 @@ store_test!(job_heartbeat_extends_lease);
 /// statement trigger writes a whole statement's history (migration V18),
 /// where a row trigger wrote it row by row.
 async fn job_history_has_a_row_per_job_a_claim_took_and_none_for_a_heartbeat(db: TestDb) {
-    let mut seqs = Vec::new();
-    for i in 0..3 {
-        let row = db
-            .store
-            .task_create(
-                &new_task(&format!("t-{i}"), "alice"),
-                Some(JOB),
-                None,
-                T0 + i,
-            )
-            .await
-            .unwrap();
-        seqs.push(row.seq);
-    }
-    let claimed = db
-        .store
-        .job_claim_available("w1", "lease-1", &echo(3), 3, LEASE_MS, T0 + 10)
-        .await
-        .unwrap();
-    assert_eq!(claimed.len(), 3, "one claim took the three jobs");
+    // Three jobs taken by one claim of `w1` at T0 + 1.
+    let seqs = running_tasks(&db.store, 3).await;
     for &seq in &seqs {
         db.store
             .job_heartbeat(seq, "lease-1", LEASE_MS, T0 + 20)
@@ -282,7 +264,7 @@ async fn job_history_has_a_row_per_job_a_claim_took_and_none_for_a_heartbeat(db:
         .unwrap();
     let expected: Vec<(i64, i64, String, Option<String>, i64)> = seqs
         .iter()
-        .map(|&seq| (seq, 1, "claimed".to_owned(), Some("w1".to_owned()), T0 + 10))
+        .map(|&seq| (seq, 1, "claimed".to_owned(), Some("w1".to_owned()), T0 + 1))
         .collect();
     assert_eq!(history, expected);
     raw.close().await;
