@@ -50,6 +50,9 @@ pub struct WorkerPool {
     job_queued: Arc<Notify>,
     /// Jobs running now (for the workers table).
     running: Arc<AtomicUsize>,
+    /// Woken when the pool fills up or has room again: the heartbeat
+    /// reports it soon (claim signals name processes by that report).
+    fullness_changed: Arc<Notify>,
     /// Group commit of completions.
     writer: Writer,
     /// Free slots: the process's, and each capped tool's.
@@ -76,13 +79,24 @@ impl StartedPool {
     }
 }
 
+/// Shortest time between two heartbeats sent because the pool filled up or
+/// had room again (at most one such write a second, however often it does).
+const FULLNESS_REPORT_MIN: Duration = Duration::from_secs(1);
+
 /// Shortest idle wait.
 const IDLE_MIN: Duration = Duration::from_millis(50);
 
-/// How long after a job was queued for other worker processes to claim
-/// (the signal named them) this one looks, if none of them took it: the
-/// most such a job waits when the named ones cannot take it.
+/// How long after jobs were queued for other worker processes to claim
+/// (the signal named them) this one looks, in case the named ones could
+/// not take them all (busy, another tool, gone).
 const LOOK_AFTER_OTHERS: Duration = Duration::from_millis(50);
+
+/// While such signals keep coming, each puts that look off again (the next
+/// named process claims what an earlier one left, oldest first), up to this
+/// long after the first: so that idle processes do not claim as often as
+/// jobs are queued, and a job left behind waits this long at most for
+/// them.
+const LOOK_AFTER_OTHERS_AT_MOST: Duration = Duration::from_millis(250);
 
 impl WorkerPool {
     /// A pool; `job_queued` wakes it early.
@@ -112,6 +126,7 @@ impl WorkerPool {
             worker_id,
             job_queued,
             running: Arc::new(AtomicUsize::new(0)),
+            fullness_changed: Arc::new(Notify::new()),
             writer,
             slots,
         }
@@ -198,9 +213,9 @@ impl WorkerPool {
         // server on the same file would be found within `idle_max`).
         let mut queued_elsewhere = self.feed.queued();
         // Jobs queued elsewhere that the signal asked other worker
-        // processes to claim (PostgreSQL names a few): looked at a moment
-        // later, in case none of them could take them (busy, another tool,
-        // gone).
+        // processes to claim (both drivers name them, usually one): looked
+        // at a moment later, in case none of them could take them (busy,
+        // another tool, gone).
         let mut queued_for_others = self.feed.queued_for_others();
         // Whether the last claim found a tool at its limit.
         let mut tool_capped = false;
@@ -214,9 +229,14 @@ impl WorkerPool {
                 self.spawn_job(&mut jobs, job, slot, &release);
             }
             if drained {
-                let mut look_at = tokio::time::Instant::now() + idle;
-                // The look comes early for jobs others were asked to claim.
+                let idle_until = tokio::time::Instant::now() + idle;
+                let mut look_at = idle_until;
+                // The look comes early for jobs others were asked to claim:
+                // a moment after the last such word, and at most a while
+                // after the first (while words keep coming, the next named
+                // claim takes what an earlier one left, oldest first).
                 let mut for_others = false;
+                let mut first_for_others = None;
                 loop {
                     tokio::select! {
                         _ = shutdown.cancelled() => break 'run,
@@ -232,8 +252,10 @@ impl WorkerPool {
                         // read first: another claimer may have taken it).
                         Ok(()) = queued_elsewhere.changed(), if feed_wakes => { idle = IDLE_MIN; certain = false; }
                         Ok(()) = queued_for_others.changed(), if feed_wakes => {
-                            let soon = tokio::time::Instant::now() + LOOK_AFTER_OTHERS;
-                            if soon < look_at {
+                            let now = tokio::time::Instant::now();
+                            let first = *first_for_others.get_or_insert(now);
+                            let soon = (now + LOOK_AFTER_OTHERS).min(first + LOOK_AFTER_OTHERS_AT_MOST);
+                            if soon < idle_until {
                                 look_at = soon;
                                 for_others = true;
                             }
@@ -330,9 +352,18 @@ impl WorkerPool {
         let pool = self.clone();
         let release = release.clone();
         jobs.spawn(async move {
-            pool.running.fetch_add(1, Ordering::Relaxed);
+            // Only worker processes are named by their room.
+            let cap = match pool.config.kind {
+                WorkerKind::Process => pool.slots.cap(),
+                WorkerKind::Embedded => usize::MAX,
+            };
+            if pool.running.fetch_add(1, Ordering::Relaxed) + 1 == cap {
+                pool.fullness_changed.notify_one();
+            }
             pool.run_job(job, slot, release).await;
-            pool.running.fetch_sub(1, Ordering::Relaxed);
+            if pool.running.fetch_sub(1, Ordering::Relaxed) == cap {
+                pool.fullness_changed.notify_one();
+            }
         });
     }
 
@@ -419,18 +450,36 @@ impl WorkerPool {
         }
     }
 
+    /// A heartbeat every third of the lease, with the jobs running; and,
+    /// when the pool fills up or has room again, one within
+    /// [`FULLNESS_REPORT_MIN`] of the last, so that claim signals, which
+    /// name processes by the room they reported, do not go on naming a
+    /// full one (or passing over one with room) for a third of a lease.
     async fn heartbeat_loop(self, shutdown: CancellationToken) {
         let mut tick = tokio::time::interval(self.config.lease / 3);
         tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+        let mut last = tokio::time::Instant::now();
         loop {
             tokio::select! {
                 _ = shutdown.cancelled() => return,
-                _ = tick.tick() => {
-                    let running = self.running.load(Ordering::Relaxed) as i64;
-                    if let Err(e) = self.store.worker_heartbeat(&self.worker_id, running, now_ms()).await {
-                        tracing::warn!(error = %e, "worker heartbeat failed");
+                _ = tick.tick() => {}
+                _ = self.fullness_changed.notified() => {
+                    tokio::select! {
+                        _ = shutdown.cancelled() => return,
+                        _ = tokio::time::sleep_until(last + FULLNESS_REPORT_MIN) => {}
                     }
                 }
+            }
+            last = tokio::time::Instant::now();
+            // The next periodic one a third of a lease from this one.
+            tick.reset();
+            let running = self.running.load(Ordering::Relaxed) as i64;
+            if let Err(e) = self
+                .store
+                .worker_heartbeat(&self.worker_id, running, now_ms())
+                .await
+            {
+                tracing::warn!(error = %e, "worker heartbeat failed");
             }
         }
     }

@@ -348,6 +348,53 @@ async fn fires(notify: &tokio::sync::Notify, wait: Duration) -> bool {
     tokio::time::timeout(wait, notify.notified()).await.is_ok()
 }
 
+/// Two worker processes' feeds (interest Control) on `db`, and another
+/// process's store (with its own feed, kept open) to queue jobs from.
+async fn claimers_and_a_queuer(
+    db: &TestDb,
+    shutdown: &CancellationToken,
+) -> (
+    [Box<dyn store::ChangeFeed>; 2],
+    Store,
+    Box<dyn store::ChangeFeed>,
+) {
+    let open_feed = || {
+        db.store
+            .change_feed(FeedInterest::Control, shutdown.clone())
+    };
+    let claimers = [open_feed().await.unwrap(), open_feed().await.unwrap()];
+    let other = store::open(db.location(), Durability::Full).await.unwrap();
+    let other_feed = other
+        .change_feed(FeedInterest::Everything, shutdown.clone())
+        .await
+        .unwrap();
+    (claimers, other, other_feed)
+}
+
+/// Queue the job of a new task `t-<n>` from `other`, as a process's
+/// writer does: commit, then announce.
+async fn queue_one(other: &Store, n: i64) {
+    other
+        .task_create(
+            &new_task(&format!("t-{n}"), "alice"),
+            Some(JOB),
+            None,
+            T0 + n,
+        )
+        .await
+        .unwrap();
+    other.announce_queued(1);
+}
+
+/// Now in ms since the epoch: heartbeats are judged against the
+/// database's clock.
+fn wall_clock_ms() -> i64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .unwrap()
+        .as_millis() as i64
+}
+
 /// Issue 26: a commit that queues jobs names the live worker processes
 /// asked to claim at once (fresh heartbeat, kind `process`; PostgreSQL in
 /// its notification, SQLite in the queue's wake file), and a feed hears
@@ -359,23 +406,10 @@ async fn fires(notify: &tokio::sync::Notify, wait: Duration) -> bool {
 /// queues again until the new list shows.)
 async fn a_queued_job_asks_the_named_claimers_at_once(db: TestDb) {
     let shutdown = CancellationToken::new();
-    let open_feed = || {
-        db.store
-            .change_feed(FeedInterest::Control, shutdown.clone())
-    };
-    let (named, unnamed) = (open_feed().await.unwrap(), open_feed().await.unwrap());
-    let other = store::open(db.location(), Durability::Full).await.unwrap();
-    let _other_feed = other
-        .change_feed(FeedInterest::Everything, shutdown.clone())
-        .await
-        .unwrap();
+    let ([named, unnamed], other, _other_feed) = claimers_and_a_queuer(&db, &shutdown).await;
     let quiet = Duration::from_millis(300);
     let long = Duration::from_secs(10);
-    // Heartbeats are judged against the database's clock.
-    let now = std::time::SystemTime::now()
-        .duration_since(std::time::UNIX_EPOCH)
-        .unwrap()
-        .as_millis() as i64;
+    let now = wall_clock_ms();
     let pool = |id: &str| NewWorker {
         worker_id: id.to_owned(),
         pid: 7,
@@ -386,22 +420,10 @@ async fn a_queued_job_asks_the_named_claimers_at_once(db: TestDb) {
     };
     other.worker_register(&pool("w-named"), now).await.unwrap();
     let queued = std::sync::atomic::AtomicI64::new(0);
-    // Queue one job, as a process's writer does: commit, then announce.
     let queue = || {
         let other = other.clone();
         let n = queued.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
-        async move {
-            other
-                .task_create(
-                    &new_task(&format!("t-{n}"), "alice"),
-                    Some(JOB),
-                    None,
-                    T0 + n,
-                )
-                .await
-                .unwrap();
-            other.announce_queued(1);
-        }
+        async move { queue_one(&other, n).await }
     };
     // Queue jobs until `notify` fires (each waited for `quiet`).
     let queue_until = async |notify: &tokio::sync::Notify| {
@@ -456,6 +478,73 @@ async fn a_queued_job_asks_the_named_claimers_at_once(db: TestDb) {
     shutdown.cancel();
 }
 store_test!(a_queued_job_asks_the_named_claimers_at_once);
+
+/// Issue 26: a queued job is named for a worker process with room for
+/// it, not for one that reported itself full at its last heartbeat (both
+/// drivers: PostgreSQL's notification, SQLite's wake file), so that a
+/// commit of a few jobs asks one claimer, and one that can take them.
+async fn a_queued_job_is_named_for_a_worker_with_room(db: TestDb) {
+    let shutdown = CancellationToken::new();
+    let ([roomy, full], other, _other_feed) = claimers_and_a_queuer(&db, &shutdown).await;
+    let now = wall_clock_ms();
+    for (id, running) in [("w-roomy", 1), ("w-full", 4)] {
+        let worker = NewWorker {
+            worker_id: id.to_owned(),
+            pid: 7,
+            host: "host-room".to_owned(),
+            kind: WorkerKind::Process,
+            concurrency: 4,
+            lease_ms: 30_000,
+        };
+        other.worker_register(&worker, now).await.unwrap();
+        other.worker_heartbeat(id, running, now).await.unwrap();
+    }
+    let (Some(roomy_id), Some(full_id)) = (roomy.claimer(), full.claimer()) else {
+        panic!("every driver names claimers");
+    };
+    roomy_id.set("w-roomy".to_owned()).unwrap();
+    full_id.set("w-full".to_owned()).unwrap();
+    let full_for_others = full.queued_for_others().unwrap();
+    let mut n = 0;
+    let mut queue = async || {
+        n += 1;
+        queue_one(&other, n).await;
+    };
+    // SQLite reads the live workers in the background, at most once a
+    // second: until it has, its pokes name no one.
+    let deadline = std::time::Instant::now() + Duration::from_secs(10);
+    loop {
+        let heard = full_for_others.notified();
+        queue().await;
+        if tokio::time::timeout(Duration::from_millis(300), heard)
+            .await
+            .is_ok()
+        {
+            break;
+        }
+        assert!(std::time::Instant::now() < deadline, "no poke named anyone");
+    }
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    for notify in [roomy.queued(), full.queued(), full_for_others.clone()] {
+        fires(&notify, Duration::from_millis(1)).await;
+    }
+    // Named at random or in turn, a job goes to the one with room, every
+    // time.
+    for _ in 0..8 {
+        queue().await;
+        assert!(
+            fires(&roomy.queued(), Duration::from_secs(10)).await,
+            "the worker with room is asked"
+        );
+        assert!(fires(&full_for_others, Duration::from_secs(10)).await);
+        assert!(
+            !fires(&full.queued(), Duration::from_millis(100)).await,
+            "the full one is not asked at once"
+        );
+    }
+    shutdown.cancel();
+}
+store_test!(a_queued_job_is_named_for_a_worker_with_room);
 
 /// A worker process's feed (interest Control) is woken by another
 /// process's cancellations and answers, not by its creations, claims,

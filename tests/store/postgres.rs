@@ -114,6 +114,84 @@ async fn issue26_feed_ids_are_drawn_at_commit() {
     .await;
 }
 
+/// Issue 26: a commit that queues jobs names as many live worker
+/// processes as it takes to run them (migration V19), not one per job:
+/// those with room first (their concurrency less the jobs they reported
+/// running), until their room covers the jobs; one reported full only when
+/// the others' room does not cover them; at most 8. Heard on a real
+/// LISTEN connection, as the workers hear it.
+#[tokio::test]
+async fn issue26_a_queued_job_names_workers_by_their_room() {
+    run(Driver::Postgres, |db: TestDb| async move {
+        let now = std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .unwrap()
+            .as_millis() as i64;
+        // w-roomy: room 6; w-small: room 2; w-full: reported full.
+        for (id, concurrency, running) in [("w-roomy", 8, 2), ("w-small", 4, 2), ("w-full", 4, 4)] {
+            db.store
+                .worker_register(
+                    &NewWorker {
+                        worker_id: id.to_owned(),
+                        pid: 7,
+                        host: "host-room".to_owned(),
+                        kind: WorkerKind::Process,
+                        concurrency,
+                        lease_ms: 30_000,
+                    },
+                    now,
+                )
+                .await
+                .unwrap();
+            db.store.worker_heartbeat(id, running, now).await.unwrap();
+        }
+        let url = db.location().to_string_lossy().into_owned();
+        let mut listener = sqlx::postgres::PgListener::connect(&url).await.unwrap();
+        listener.listen("taskbroker_queued").await.unwrap();
+        let mut raw = PgConnection::connect(&url).await.expect("connect");
+        let mut named = async |jobs: i64| -> Vec<String> {
+            sqlx::query("SELECT taskbroker_announce_queued($1, $2)")
+                .bind(jobs)
+                .bind(now)
+                .execute(&mut raw)
+                .await
+                .unwrap();
+            let heard = tokio::time::timeout(Duration::from_secs(10), listener.recv())
+                .await
+                .expect("a notification")
+                .unwrap();
+            let mut ids: Vec<String> = heard
+                .payload()
+                .strip_prefix("claim:")
+                .unwrap_or_else(|| panic!("names claimers: {:?}", heard.payload()))
+                .split(' ')
+                .map(str::to_owned)
+                .collect();
+            ids.sort();
+            ids
+        };
+        // Whatever the random order, jobs that fit in one worker's room
+        // name one worker with room, never the full one.
+        for _ in 0..20 {
+            let one = named(2).await;
+            assert_eq!(one.len(), 1, "{one:?}");
+            assert!(one[0] != "w-full", "{one:?}");
+        }
+        // 8 jobs: both with room (6 + 2), and no more.
+        assert_eq!(named(8).await, ["w-roomy", "w-small"]);
+        // More than all the room: the full one too.
+        assert_eq!(named(9).await, ["w-full", "w-roomy", "w-small"]);
+        // A stopped worker is named no more.
+        db.store
+            .worker_set_state("w-roomy", WorkerState::Stopped, now + 1)
+            .await
+            .unwrap();
+        assert_eq!(named(3).await, ["w-full", "w-small"]);
+        raw.close().await.unwrap();
+    })
+    .await;
+}
+
 /// A database that does not exist, a server that does not listen, a URL
 /// that is not one: each refused with an error that says which, and never
 /// with the password it was given.

@@ -1,17 +1,21 @@
 //! Which worker processes a queued job's wake-up names (issue 26): as
-//! PostgreSQL's notification does (migration V15 there), a process that
-//! queues jobs names as many live worker processes as jobs (at most
-//! [`MAX_NAMED`]) in the queue's wake file; only they claim at once, the
-//! others look a moment later if still idle. With no live worker process
-//! known, the poke names no one and every claimer looks, as before.
+//! PostgreSQL's notification does (migrations V15 and V19 there), a process
+//! that queues jobs names, in the queue's wake file, as many live worker
+//! processes as it takes to run them (each has room for its concurrency
+//! less the jobs it runs, at least one; at most [`MAX_NAMED`] named); only
+//! they claim at once, the others look a moment later if still idle. With
+//! no live worker process known, the poke names no one and every claimer
+//! looks, as before.
 //!
 //! The live worker processes (kind `process`, state `live`, heartbeat
-//! within half their lease) are read at most once per [`FRESH_FOR`], in
-//! the background: a poke never waits for a read. Names are taken in turn
-//! from that list, so consecutive pokes spread over every worker. A worker
-//! that started since the last read is not named until the next one (it
-//! hears the pokes for others and looks a moment later); one that stopped
-//! since is named in vain (the others look a moment later).
+//! within half their lease) and the jobs each reported running at its
+//! last heartbeat are read at most once per [`FRESH_FOR`], in the
+//! background: a poke never waits for a read. Names are taken in turn from
+//! that list, those with room first, so consecutive pokes spread over
+//! every worker. A worker that started since the last read is not named
+//! until the next one (it hears the pokes for others and looks a moment
+//! later); one that stopped since is named in vain (the others look a
+//! moment later).
 
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
@@ -33,7 +37,8 @@ pub(crate) struct Claimers {
 
 #[derive(Debug, Default)]
 struct Known {
-    ids: Vec<String>,
+    /// In `worker_id` order.
+    live: Vec<Live>,
     read_at: Option<Instant>,
     reading: bool,
     next: usize,
@@ -41,9 +46,9 @@ struct Known {
 
 impl Claimers {
     /// The payload of a poke for `jobs` queued jobs: `claim:` and the ids
-    /// of the workers whose turn it is, or empty (everyone) when no live
-    /// worker process is known. Starts a read of them in the background
-    /// when the last one is stale.
+    /// of the workers whose turn it is, as many as have room for the jobs,
+    /// or empty (everyone) when no live worker process is known. Starts a
+    /// read of them in the background when the last one is stale.
     pub(crate) fn payload(self: &Arc<Self>, jobs: usize, read: &SqlitePool) -> String {
         let Ok(mut known) = self.state.lock() else {
             return String::new();
@@ -57,19 +62,16 @@ impl Claimers {
             let (me, pool) = (self.clone(), read.clone());
             runtime.spawn(async move { me.refresh(&pool).await });
         }
-        let n = jobs.clamp(1, MAX_NAMED).min(known.ids.len());
-        if n == 0 {
+        let Some(named) = known.name(jobs) else {
             return String::new();
-        }
+        };
         let mut payload = String::from(NAMED_CLAIMERS);
-        for i in 0..n {
+        for (i, at) in named.into_iter().enumerate() {
             if i > 0 {
                 payload.push(' ');
             }
-            let at = (known.next + i) % known.ids.len();
-            payload.push_str(&known.ids[at]);
+            payload.push_str(&known.live[at].worker_id);
         }
-        known.next = (known.next + n) % known.ids.len();
         payload
     }
 
@@ -77,29 +79,123 @@ impl Claimers {
         let now = std::time::SystemTime::now()
             .duration_since(std::time::UNIX_EPOCH)
             .map_or(0, |d| i64::try_from(d.as_millis()).unwrap_or(i64::MAX));
-        let ids = sqlx::query_scalar!(
-            "SELECT worker_id FROM workers
+        let live = sqlx::query!(
+            "SELECT worker_id, concurrency, jobs_running FROM workers
               WHERE kind = 'process' AND state = 'live' AND heartbeat_at + lease_ms / 2 > ?
               ORDER BY worker_id",
             now
         )
         .fetch_all(read)
-        .await;
+        .await
+        .map(|rows| {
+            rows.into_iter()
+                .map(|r| Live {
+                    worker_id: r.worker_id,
+                    room: r.concurrency - r.jobs_running,
+                })
+                .collect()
+        });
         let Ok(mut known) = self.state.lock() else {
             return;
         };
         known.reading = false;
-        match ids {
-            Ok(ids) => {
-                known.ids = ids;
+        match live {
+            Ok(live) => {
+                known.live = live;
                 known.read_at = Some(Instant::now());
             }
             Err(e) => {
                 // Named no one until a read succeeds: every claimer looks.
                 tracing::debug!(error = %e, "live worker processes not read; queued jobs wake every claimer");
-                known.ids.clear();
+                known.live.clear();
                 known.read_at = Some(Instant::now());
             }
         }
+    }
+}
+
+/// A live worker process as last read.
+#[derive(Debug, Clone, PartialEq, Eq)]
+struct Live {
+    worker_id: String,
+    /// Its concurrency less the jobs it reported running (may be 0 or less:
+    /// the report lags).
+    room: i64,
+}
+
+impl Known {
+    /// Whose turn it is for `jobs` queued jobs (indexes into `live`): from
+    /// the next in turn, those with room until their room covers the jobs,
+    /// then, if it does not, those reported full (each counted as room for
+    /// one); at most [`MAX_NAMED`]. None when no worker is known.
+    fn name(&mut self, jobs: usize) -> Option<Vec<usize>> {
+        let n = self.live.len();
+        if n == 0 {
+            return None;
+        }
+        let want = i64::try_from(jobs.max(1)).unwrap_or(i64::MAX);
+        let in_turn = (0..n).map(|i| (self.next + i) % n);
+        let with_room = in_turn.clone().filter(|&at| self.live[at].room > 0);
+        let full = in_turn.filter(|&at| self.live[at].room <= 0);
+        let mut named = Vec::new();
+        let mut covered = 0i64;
+        for at in with_room.chain(full) {
+            if covered >= want || named.len() == MAX_NAMED {
+                break;
+            }
+            covered = covered.saturating_add(self.live[at].room.max(1));
+            named.push(at);
+        }
+        // The next poke starts after the last one named.
+        if let Some(&last) = named.last() {
+            self.next = (last + 1) % n;
+        }
+        Some(named)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn known(rooms: &[i64]) -> Known {
+        Known {
+            live: rooms
+                .iter()
+                .enumerate()
+                .map(|(i, &room)| Live {
+                    worker_id: format!("w{i}"),
+                    room,
+                })
+                .collect(),
+            ..Known::default()
+        }
+    }
+
+    #[test]
+    fn a_poke_for_fewer_jobs_than_a_worker_has_room_for_names_one_in_turn() {
+        let mut k = known(&[8, 8, 8]);
+        assert_eq!(k.name(3), Some(vec![0]));
+        assert_eq!(k.name(1), Some(vec![1]));
+        assert_eq!(k.name(8), Some(vec![2]));
+        assert_eq!(k.name(2), Some(vec![0]));
+    }
+
+    #[test]
+    fn workers_are_named_until_their_room_covers_the_jobs_those_reported_full_last() {
+        // w0 full, w1 room 2, w2 room 3, w3 room 8.
+        let mut k = known(&[0, 2, 3, 8]);
+        assert_eq!(k.name(4), Some(vec![1, 2]));
+        // From w3 on: w3 covers 5.
+        assert_eq!(k.name(5), Some(vec![3]));
+        // More jobs than all the room: every worker, the full one last.
+        assert_eq!(k.name(100), Some(vec![1, 2, 3, 0]));
+    }
+
+    #[test]
+    fn no_more_than_max_named_and_no_one_when_none_is_known() {
+        let mut k = known(&[1; 12]);
+        assert_eq!(k.name(50).map(|v| v.len()), Some(MAX_NAMED));
+        assert_eq!(known(&[]).name(3), None);
     }
 }

@@ -333,8 +333,8 @@ impl Storage for SqliteStore {
         }
     }
 
-    /// The queue's poke names as many live worker processes as jobs (see
-    /// `claimers.rs`).
+    /// The queue's poke names as many live worker processes as it takes
+    /// to run the jobs (see `claimers.rs`).
     fn announce_queued(&self, jobs: usize) {
         if let Some(wakes) = self.wakes.get() {
             let payload = self.claimers.payload(jobs, &self.read);
