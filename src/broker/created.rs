@@ -1,10 +1,16 @@
-//! The rows of tasks this process created and runs in its own pool, kept
-//! for a short while so that the first look of their `tasks/result` reads
+//! The rows of tasks this process created with a job due now, kept for a
+//! short while so that the first look of their `tasks/result` reads
 //! nothing: until this process sees a change of such a task, the row as
 //! created is the row as it is; once this process sees the task end with
 //! its outcome, the ended row is (a terminal task never changes again).
 //! The feed keeps them up to date as it publishes changes
-//! (`Feed::publish`).
+//! (`Feed::publish`), and reads at once the changes other processes make
+//! to a task kept here (its driver's signal names the task, PostgreSQL) or
+//! to any task (SQLite), so a kept row never outlives a change the feed
+//! heard of: whoever runs the job (this process's pool, handed it in the
+//! creating commit or claiming it later, or a worker process), the task's
+//! status changes and its end reach this process's feed (a claim changes
+//! no task row).
 //!
 //! A task is expected before its creating commit ([`CreatedRows::expect`])
 //! and its row kept after it ([`CreatedRows::keep`]) only if no change of
@@ -43,10 +49,28 @@ enum Kept {
     Row(Box<TaskRow>),
 }
 
+/// One task expected or kept.
+#[derive(Debug)]
+struct Entry {
+    kept: Kept,
+    /// When it was expected.
+    at: Instant,
+    /// Whether the driver's notice of its creation has passed
+    /// ([`CreatedRows::concerns_notice`]).
+    noticed: bool,
+}
+
+impl Entry {
+    /// Within [`KEEP_FOR`] of being expected: past it, it is as if gone.
+    fn fresh(&self) -> bool {
+        self.at.elapsed() < KEEP_FOR
+    }
+}
+
 /// Rows by task id, and the order they came in.
 #[derive(Debug, Default)]
 pub(super) struct CreatedRows {
-    rows: HashMap<Arc<str>, (Kept, Instant)>,
+    rows: HashMap<Arc<str>, Entry>,
     order: VecDeque<(Arc<str>, Instant)>,
 }
 
@@ -57,14 +81,23 @@ impl CreatedRows {
         let now = Instant::now();
         self.drop_old(now);
         let task_id: Arc<str> = Arc::from(task_id);
-        self.rows.insert(task_id.clone(), (Kept::Expected, now));
+        let entry = Entry {
+            kept: Kept::Expected,
+            at: now,
+            noticed: false,
+        };
+        self.rows.insert(task_id.clone(), entry);
         self.order.push_back((task_id, now));
     }
 
     /// Keep `row`, just created, if it was expected and nothing changed it
     /// since.
     pub(super) fn keep(&mut self, row: &TaskRow) {
-        if let Some((kept @ Kept::Expected, _)) = self.rows.get_mut(row.task_id.as_str()) {
+        if let Some(Entry {
+            kept: kept @ Kept::Expected,
+            ..
+        }) = self.rows.get_mut(row.task_id.as_str())
+        {
             *kept = Kept::Row(Box::new(TaskRow {
                 arguments: String::new(),
                 ..row.clone()
@@ -74,22 +107,40 @@ impl CreatedRows {
 
     /// Take the row of `task_id`, if kept.
     pub(super) fn take(&mut self, task_id: &str) -> Option<TaskRow> {
-        match self.rows.remove(task_id)? {
-            (Kept::Row(row), at) if at.elapsed() < KEEP_FOR => Some(*row),
+        let entry = self.rows.remove(task_id)?;
+        let fresh = entry.fresh();
+        match entry.kept {
+            Kept::Row(row) if fresh => Some(*row),
             _ => None,
         }
     }
 
-    /// Whether `task_id` is expected or its row kept.
+    /// Whether `task_id` is expected or its row kept (and not past
+    /// [`KEEP_FOR`]: [`CreatedRows::take`] would not give it).
     pub(super) fn has(&self, task_id: &str) -> bool {
-        self.rows.contains_key(task_id)
+        self.rows.get(task_id).is_some_and(Entry::fresh)
+    }
+
+    /// Whether a notice from the driver that `task_id` changed concerns
+    /// this process for its kept row: the first notice after the task was
+    /// expected is its own creation's (the driver notifies in commit order,
+    /// and nothing changes a task before the commit that creates it), which
+    /// changes nothing kept; a later one may be another process's change.
+    pub(super) fn concerns_notice(&mut self, task_id: &str) -> bool {
+        match self.rows.get_mut(task_id) {
+            Some(e) if e.fresh() => std::mem::replace(&mut e.noticed, true),
+            _ => false,
+        }
     }
 
     /// The task ended with `outcome` at `at`: its row is now the ended one,
     /// for good.
     pub(super) fn ended(&mut self, task_id: &str, outcome: &TaskOutcome, at: i64) {
         match self.rows.get_mut(task_id) {
-            Some((Kept::Row(row), _)) if outcome.result.len() <= KEPT_RESULT_BYTES => {
+            Some(Entry {
+                kept: Kept::Row(row),
+                ..
+            }) if outcome.result.len() <= KEPT_RESULT_BYTES => {
                 **row = (**row).clone().ended_with(outcome, at);
             }
             Some(_) => {
@@ -104,7 +155,7 @@ impl CreatedRows {
     pub(super) fn changed(&mut self, task_id: &str) {
         let ended = matches!(
             self.rows.get(task_id),
-            Some((Kept::Row(row), _)) if row.status.is_terminal()
+            Some(Entry { kept: Kept::Row(row), .. }) if row.status.is_terminal()
         );
         if !ended {
             self.rows.remove(task_id);
@@ -125,7 +176,7 @@ impl CreatedRows {
             }
             // The entry of the task expected then (not a later one of the
             // same id, which has its own place in the order).
-            if self.rows.get(task_id).is_some_and(|(_, kept)| kept == at) {
+            if self.rows.get(task_id).is_some_and(|e| e.at == *at) {
                 self.rows.remove(task_id);
             }
             self.order.pop_front();
@@ -221,6 +272,27 @@ mod tests {
         assert!(rows.order.len() <= MAX_KEPT_ROWS);
         assert!(rows.take("t0").is_none(), "the first went first");
         assert!(rows.take(&format!("t{}", MAX_KEPT_ROWS + 9)).is_some());
+    }
+
+    #[test]
+    fn a_task_expected_or_kept_concerns_the_feed_until_taken_and_unwatched() {
+        let feed = crate::broker::Feed::new();
+        let concerned = feed.concerned();
+        assert!(!concerned("a", "alice"));
+        // From before its creating commit: the notice of its creation (the
+        // first) is passed over, a later one (another process's change of
+        // it) read at once.
+        feed.expect_created("a");
+        feed.remember_created(&row("a"));
+        assert!(!concerned("a", "alice"), "its creation's notice");
+        assert!(concerned("a", "alice"));
+        assert!(concerned("a", "alice"));
+        // tasks/result watches it, then takes the row.
+        let watch = feed.watch_task("a");
+        assert!(feed.take_created("a").is_some());
+        assert!(concerned("a", "alice"), "watched");
+        drop(watch);
+        assert!(!concerned("a", "alice"), "neither kept nor watched");
     }
 
     #[test]

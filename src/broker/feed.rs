@@ -31,11 +31,12 @@
 //! that a broker's reads do not grow with the tasks other brokers serve.
 //!
 //! The feed also keeps, for a while, the rows of the tasks this process
-//! created and handed to its own pool in the creating commit
-//! ([`Feed::remember_created`], `created.rs`): until this process publishes
-//! a change of such a task, the row as created (or as this process ended
-//! it) is the row as it is, and the first look of a `tasks/result` takes it
-//! instead of reading the task again ([`Feed::take_created`]).
+//! created with a job due now ([`Feed::remember_created`], `created.rs`),
+//! and counts them as watched (their changes by other processes are read at
+//! once): until this process publishes a change of such a task, the row as
+//! created (or as it ended) is the row as it is, and the first look of a
+//! `tasks/result` takes it instead of reading the task again
+//! ([`Feed::take_created`]).
 
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
@@ -150,8 +151,8 @@ pub struct Feed {
     /// calls, running jobs): an event wakes those, not every waiter.
     watchers: Arc<Mutex<TaskWatchers>>,
     next_watch: Arc<AtomicU64>,
-    /// Tasks created here and run by this process's pool, as created,
-    /// while no change of them was published (see
+    /// Tasks created here with a job due now, as created (or as they
+    /// ended), while no other change of them was published (see
     /// [`Feed::remember_created`]).
     created: Arc<Mutex<CreatedRows>>,
     /// Owners and streams that follow more than single tasks.
@@ -251,24 +252,30 @@ impl Feed {
     }
 
     /// Whether a change of `task_id` (of `owner`) concerns this process:
-    /// the driver wakes the tailer at once only for those.
-    fn concerned(&self) -> Concerned {
+    /// the driver wakes the tailer at once only for those. A task created
+    /// here whose row is kept does (its row must not outlive a change),
+    /// but for the notice of its creation (the first: see
+    /// `CreatedRows::concerns_notice`), which changes nothing kept.
+    pub(super) fn concerned(&self) -> Concerned {
         let watchers = self.watchers.clone();
         let followers = self.followers.clone();
+        let created = self.created.clone();
         Arc::new(move |task_id: &str, owner: &str| {
-            followers.follow(owner) || lock(&watchers).contains_key(task_id)
+            // First, so that the creation's notice is always the one taken.
+            let kept = lock(&created).concerns_notice(task_id);
+            kept || followers.follow(owner) || lock(&watchers).contains_key(task_id)
         })
     }
 
-    /// `task_id` is about to be created in a commit that may hand its job
-    /// to this process's pool: a change of it published from now on means
-    /// its row is not to be kept ([`Feed::remember_created`]).
+    /// `task_id` is about to be created with a job due now: a change of it
+    /// published from now on means its row is not to be kept
+    /// ([`Feed::remember_created`]).
     pub fn expect_created(&self, task_id: &str) {
         lock(&self.created).expect(task_id);
     }
 
-    /// Keep `row`, a task created in a commit that also handed its job to
-    /// this process's pool, for the first look of a `tasks/result`
+    /// Keep `row`, a task just created with a job due now, for the first
+    /// look of a `tasks/result`
     /// ([`Feed::take_created`]), unless a change of it was published since
     /// [`Feed::expect_created`]. Call it before the creator hears of the
     /// task and before its job starts.
@@ -276,8 +283,7 @@ impl Feed {
         lock(&self.created).keep(row);
     }
 
-    /// Forget a task expected or kept (its job did not reach this
-    /// process's pool).
+    /// Forget a task expected (its creation failed).
     pub fn forget_created(&self, task_id: &str) {
         lock(&self.created).forget(task_id);
     }

@@ -542,9 +542,9 @@ impl Broker {
 
     /// tasks/result, first look: the stored outcome, or what waiting for it
     /// needs. The feed is subscribed before the row is read, so no change
-    /// after this look goes unseen. A task this process created and runs,
-    /// of which it has seen no change since, is not read: its row as
-    /// created is the row as it is ([`Feed::take_created`]).
+    /// after this look goes unseen. A task this process created with a job
+    /// due now, of which it has seen no change since, is not read: its row
+    /// as created is the row as it is ([`Feed::take_created`]).
     pub async fn tasks_result_start(
         &self,
         owner: &Owner,

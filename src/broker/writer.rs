@@ -146,12 +146,10 @@ impl Writer {
                 } else {
                     None
                 };
-                // Jobs the hand-off may take: their tasks' rows are kept
+                // Tasks created with a job due now: their rows are kept
                 // after the commit unless a change of them comes first.
-                if handed.is_some() {
-                    for task_id in &created {
-                        feed.expect_created(task_id);
-                    }
+                for task_id in &created {
+                    feed.expect_created(task_id);
                 }
                 let now = now_ms();
                 let metrics = crate::metrics::get();
@@ -175,29 +173,23 @@ impl Writer {
                     Some(_) if done.len() == writes.len() => done.pop(),
                     _ => None,
                 };
-                // Tasks whose jobs the hand-off claim took: kept as created
-                // for the first look of their tasks/result, before their
-                // creators hear of them and their jobs start; the others
-                // expected are not.
-                let claimed_ids: HashSet<&str> = match &claimed {
-                    Some(Ok(Written::Claimed(jobs))) => {
-                        jobs.iter().map(|j| j.task_id.as_str()).collect()
-                    }
-                    _ => HashSet::new(),
-                };
+                // Their rows, kept as created for the first look of their
+                // tasks/result, before their creators hear of them and their
+                // jobs start (whoever runs them: this process's pool, in the
+                // hand-off or later, or another process, whose changes the
+                // feed reads at once for a task kept here); those whose
+                // creation failed are forgotten.
                 let mut kept_ids = HashSet::new();
-                if handed.is_some() {
-                    for d in &done {
-                        if let Ok(Written::Created(row)) = d
-                            && claimed_ids.contains(row.task_id.as_str())
-                        {
-                            feed.remember_created(row);
-                            kept_ids.insert(row.task_id.clone());
-                        }
+                for d in &done {
+                    if let Ok(Written::Created(row)) = d
+                        && created.contains(&row.task_id)
+                    {
+                        feed.remember_created(row);
+                        kept_ids.insert(row.task_id.as_str());
                     }
-                    for task_id in created.iter().filter(|id| !kept_ids.contains(*id)) {
-                        feed.forget_created(task_id);
-                    }
+                }
+                for task_id in created.iter().filter(|id| !kept_ids.contains(id.as_str())) {
+                    feed.forget_created(task_id);
                 }
                 // Completions that took: this process's waiters get the
                 // outcome with the word (no read of the task again).
@@ -225,11 +217,6 @@ impl Writer {
                     }
                     _ => Vec::new(),
                 };
-                // Claimed but not given to the pool (it stopped): queued
-                // again, so run elsewhere; their rows are read as before.
-                for task_id in kept_ids.iter().filter(|id| !taken.contains(id)) {
-                    feed.forget_created(task_id);
-                }
                 // Wake the pool for what it was not given: this batch's jobs
                 // not handed off (an older due job may have been taken
                 // instead of one of them).

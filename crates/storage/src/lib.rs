@@ -190,8 +190,12 @@ pub enum FeedInterest {
 pub type ClaimerId = Arc<std::sync::OnceLock<String>>;
 
 /// Whether a change of a task (its id, its owner) is one this process acts
-/// on at once: a waiter of its own watches the task, or a stream of its own
-/// follows the owner or everything (see [`ChangeFeed::wake_only_for`]).
+/// on at once: a waiter of its own watches the task, a stream of its own
+/// follows the owner or everything, or it keeps the row of a task it just
+/// created (see [`ChangeFeed::wake_only_for`]). Not a pure predicate: the
+/// driver calls it exactly once per notice that names a task, in the order
+/// the notices are delivered (the first notice of a task created here is
+/// its creation's, passed over).
 pub type Concerned = Arc<dyn Fn(&str, &str) -> bool + Send + Sync>;
 
 /// How a queued signal's payload starts when it names the worker
@@ -650,7 +654,8 @@ pub trait Storage:
     fn announce(&self, signal: Signal);
     /// [`Signal::Queued`] for `jobs` jobs this process just made
     /// claimable: a driver whose signals name claimers names as many worker
-    /// processes as jobs (where the database does not name them itself).
+    /// processes as it takes to run them (where the database does not name
+    /// them itself).
     fn announce_queued(&self, jobs: usize) {
         let _ = jobs;
         self.announce(Signal::Queued);
