@@ -499,6 +499,43 @@ async fn workers_table_tracks_live_stopped_and_dead_workers(driver: Driver) {
 
 both_drivers!(workers_table_tracks_live_stopped_and_dead_workers);
 
+/// Issue 26: a worker process records in its row the tools it claims (its
+/// config's, and the demo tools unless `--no-demo-tools`), which claim
+/// signals name it by (a worker serving other tools is not asked to claim
+/// a job it cannot run: `store::feed::a_queued_job_is_named_for_a_worker_serving_its_tool`).
+async fn a_worker_process_records_the_tools_it_claims(driver: Driver) {
+    let server = Server::start_with_config_on(driver, RECORDING_TOOL, &["--workers", "0"]);
+    let cfg = server.config_path();
+    let config_only = WorkerProc::start(&server, 0, &["--config", &cfg, "--no-demo-tools"]);
+    let with_demo = WorkerProc::start(&server, 1, &["--config", &cfg]);
+    let db = server.db_reader().await;
+    let tools_sql = match driver {
+        Driver::Sqlite => "SELECT tools FROM workers WHERE pid = $1",
+        Driver::Postgres => "SELECT array_to_json(tools)::text FROM workers WHERE pid = $1",
+    };
+    let tools_of = async |pid: i32| -> Vec<String> {
+        let deadline = Instant::now() + Duration::from_secs(15);
+        loop {
+            let text: Option<Option<String>> = db.scalar_optional(tools_sql, &[pid.into()]).await;
+            if let Some(Some(text)) = text {
+                return serde_json::from_str(&text).unwrap();
+            }
+            assert!(Instant::now() < deadline, "worker {pid} recorded no tools");
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
+    };
+    assert_eq!(
+        tools_of(config_only.pid()).await,
+        ["hang", "record", "slow"]
+    );
+    let all = tools_of(with_demo.pid()).await;
+    for tool in ["echo", "hang", "record", "sleep", "slow"] {
+        assert!(all.iter().any(|t| t == tool), "{tool} in {all:?}");
+    }
+}
+
+both_drivers!(a_worker_process_records_the_tools_it_claims);
+
 /// Statements of a server's sqlx log (`RUST_LOG=sqlx::query=debug`) whose
 /// text contains `text`: reads counted, not timed.
 fn statements_with(log: &str, text: &str) -> usize {

@@ -48,8 +48,8 @@ use tokio_util::sync::CancellationToken;
 
 use super::created::CreatedRows;
 use crate::store::{
-    ChangeFeed, ClaimerId, Concerned, FeedInterest, ProgressEvent, Signal, Store, StoreError,
-    TaskEvent, TaskOutcome, TaskRow,
+    ChangeFeed, ClaimerId, Concerned, FeedInterest, ProgressEvent, QueuedJobs, Signal, Store,
+    StoreError, TaskEvent, TaskOutcome, TaskRow,
 };
 
 /// One change the feed reports.
@@ -390,9 +390,10 @@ impl Feed {
     }
 
     /// Tell the claimers of every process that this one just made `jobs`
-    /// jobs claimable (this process's own pool is woken apart); where the
-    /// driver can, the signal names as many worker processes.
-    pub fn announce_queued(&self, jobs: usize) {
+    /// claimable (this process's own pool is woken apart); where the
+    /// driver can, the signal names as many worker processes serving their
+    /// tools.
+    pub fn announce_queued(&self, jobs: &QueuedJobs) {
         if let Some(store) = self.store.get() {
             store.announce_queued(jobs);
         }

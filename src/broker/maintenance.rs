@@ -11,7 +11,7 @@ use tokio_util::sync::CancellationToken;
 use super::Broker;
 use crate::clock::now_ms;
 use crate::defaults;
-use crate::store::{PurgeReport, RescueReport, Store, StoreError};
+use crate::store::{PurgeReport, QueuedJobs, RescueReport, Store, StoreError};
 
 /// Timing of the maintenance services.
 #[derive(Debug, Clone, Copy)]
@@ -71,7 +71,7 @@ pub async fn run(broker: Broker, config: MaintenanceConfig, shutdown: Cancellati
                     broker.feed().kick_statuses();
                     if report.requeued > 0 {
                         broker.job_queued().notify_one();
-                        broker.feed().announce_queued(usize::try_from(report.requeued).unwrap_or(usize::MAX));
+                        broker.feed().announce_queued(&QueuedJobs::untold(usize::try_from(report.requeued).unwrap_or(usize::MAX)));
                     }
                 }
                 Ok(_) => {}

@@ -71,6 +71,11 @@ impl PoolRecords {
         self.0.worker_heartbeat(id, running, now).await
     }
 
+    /// The tools the pool claims.
+    pub async fn worker_serves(&self, id: &str, tools: &[String]) -> Result<(), StoreError> {
+        self.0.worker_serves(id, tools).await
+    }
+
     /// The pool is stopping or stopped.
     pub async fn worker_set_state(
         &self,

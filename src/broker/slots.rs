@@ -119,6 +119,14 @@ impl Slots {
         self.freed.notify_one();
     }
 
+    /// The names of the tools served, sorted.
+    pub fn served(&self) -> Vec<String> {
+        let tools = self.tools.read().unwrap_or_else(PoisonError::into_inner);
+        let mut names: Vec<String> = tools.keys().cloned().collect();
+        names.sort_unstable();
+        names
+    }
+
     /// The process cap.
     pub fn cap(&self) -> usize {
         self.cap

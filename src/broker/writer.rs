@@ -10,7 +10,7 @@
 //! later one. A job queued to start later wakes nobody until its start
 //! (`start_alarm`).
 
-use std::collections::HashSet;
+use std::collections::{HashMap, HashSet};
 use std::sync::{Arc, Mutex};
 
 use tokio::sync::{Notify, mpsc, oneshot};
@@ -20,7 +20,8 @@ use super::slots::{Reservation, Slot, Slots};
 use super::start_alarm::StartAlarm;
 use crate::clock::now_ms;
 use crate::store::{
-    ClaimedJob, NewJob, NewTask, Store, StoreError, TaskOutcome, TaskRow, ToolQuota, Write, Written,
+    ClaimedJob, NewJob, NewTask, QueuedJobs, Store, StoreError, TaskOutcome, TaskRow, ToolQuota,
+    Write, Written,
 };
 
 /// Most writes in one transaction.
@@ -120,7 +121,8 @@ impl Writer {
                 let (mut writes, replies): (Vec<Write>, Vec<Reply>) =
                     batch.into_iter().map(|q| (q.write, q.reply)).unzip();
                 let mut finished = Vec::new();
-                let mut created = HashSet::new();
+                // Tasks created with a job due now, and their tools.
+                let mut created = HashMap::new();
                 // Jobs that start later: nobody can claim them yet.
                 let mut starts = Vec::new();
                 let before = now_ms();
@@ -134,7 +136,7 @@ impl Writer {
                         } => match job.run_after.filter(|at| *at > before) {
                             Some(at) => starts.push(at),
                             None => {
-                                created.insert(new.task_id.clone());
+                                created.insert(new.task_id.clone(), new.tool.clone());
                             }
                         },
                         _ => {}
@@ -148,7 +150,7 @@ impl Writer {
                 };
                 // Tasks created with a job due now: their rows are kept
                 // after the commit unless a change of them comes first.
-                for task_id in &created {
+                for task_id in created.keys() {
                     feed.expect_created(task_id);
                 }
                 let now = now_ms();
@@ -182,13 +184,13 @@ impl Writer {
                 let mut kept_ids = HashSet::new();
                 for d in &done {
                     if let Ok(Written::Created(row)) = d
-                        && created.contains(&row.task_id)
+                        && created.contains_key(&row.task_id)
                     {
                         feed.remember_created(row);
                         kept_ids.insert(row.task_id.as_str());
                     }
                 }
-                for task_id in created.iter().filter(|id| !kept_ids.contains(id.as_str())) {
+                for task_id in created.keys().filter(|id| !kept_ids.contains(id.as_str())) {
                     feed.forget_created(task_id);
                 }
                 // Completions that took: this process's waiters get the
@@ -221,10 +223,10 @@ impl Writer {
                 // not handed off (an older due job may have been taken
                 // instead of one of them).
                 let all_handed =
-                    taken.len() == queued && taken.iter().all(|id| created.contains(id));
+                    taken.len() == queued && taken.iter().all(|id| created.contains_key(id));
                 if queued > 0 && !all_handed {
                     job_queued.notify_one();
-                    feed.announce_queued(queued.saturating_sub(taken.len()).max(1));
+                    feed.announce_queued(&left_queued(&created, &taken));
                 }
                 for at in starts {
                     alarm.set(at);
@@ -401,6 +403,21 @@ async fn deliver(
         }
     }
     taken
+}
+
+/// The jobs of a batch's creations that the hand-off did not take, by
+/// tool (an older due job taken instead leaves one of them queued).
+fn left_queued(created: &HashMap<String, String>, taken: &[String]) -> QueuedJobs {
+    let tools: Vec<String> = created
+        .iter()
+        .filter(|(task_id, _)| !taken.contains(task_id))
+        .map(|(_, tool)| tool.clone())
+        .collect();
+    if tools.is_empty() {
+        QueuedJobs::untold(1)
+    } else {
+        QueuedJobs { tools, untold: 0 }
+    }
 }
 
 /// Count what a group commit did: tasks created (and those finished at

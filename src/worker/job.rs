@@ -18,7 +18,7 @@ use crate::broker::slots::Slot;
 use crate::broker::{ClientAnswer, FeedEvent, outcome_to_record};
 use crate::clock::now_ms;
 use crate::mcp::RpcError;
-use crate::store::{ClaimedJob, StoreError, TaskMessage, TaskStatus};
+use crate::store::{ClaimedJob, QueuedJobs, StoreError, TaskMessage, TaskStatus};
 use crate::tools::{Checkpoints, ToolContext, ToolEvent, ToolOutcome};
 use crate::traces::{self, KeyValue, SpanKind, TraceContext, key};
 
@@ -84,7 +84,7 @@ impl WorkerPool {
                     span.set(|| vec![KeyValue::new(key::STATUS, "released")]);
                     match self.store.job_release(job.task_seq, &job.lease_token, now_ms()).await {
                         Ok(true) => {
-                            self.feed.announce_queued(1);
+                            self.feed.announce_queued(&QueuedJobs::one_of(&job.tool));
                             tracing::info!(task_id = %job.task_id, "job released: queued for another worker, attempt not counted");
                         }
                         Ok(false) => tracing::info!(task_id = %job.task_id, "job of a cancelled task closed"),

@@ -15,7 +15,7 @@ use crate::broker::records::PoolRecords;
 use crate::broker::slots::{Slot, Slots};
 use crate::broker::{Feed, HandedOff, Handoff, Writer};
 use crate::clock::now_ms;
-use crate::store::{ClaimedJob, NewWorker, WorkerKind, WorkerState};
+use crate::store::{ClaimedJob, NewWorker, QueuedJobs, WorkerKind, WorkerState};
 use crate::tools::ToolCatalog;
 
 /// How a pool runs.
@@ -192,8 +192,7 @@ impl WorkerPool {
     ) {
         let heartbeat = tokio::spawn(self.clone().heartbeat_loop(shutdown.clone()));
         let follower = tokio::spawn(follow_served_tools(
-            self.tools.clone(),
-            self.slots.clone(),
+            self.clone(),
             self.job_queued.clone(),
             shutdown.clone(),
         ));
@@ -318,7 +317,7 @@ impl WorkerPool {
                             .store
                             .job_unclaim(job.task_seq, &job.lease_token, now_ms())
                             .await;
-                        self.feed.announce_queued(1);
+                        self.feed.announce_queued(&QueuedJobs::one_of(&job.tool));
                     }
                 }
             }
@@ -487,27 +486,32 @@ impl WorkerPool {
 
 /// Claim the tools served now: upstream servers' tools come and go while
 /// the pool runs. Each change wakes the pool (`wake`): jobs of a tool just
-/// served may be queued already (requeued after a restart).
-async fn follow_served_tools(
-    tools: Arc<ToolCatalog>,
-    slots: Arc<Slots>,
-    wake: Arc<Notify>,
-    shutdown: CancellationToken,
-) {
-    let mut changed = tools.changed();
-    // A change between the slots' making and the subscription above would
-    // be missed: take the list as it is now first.
-    slots.serve(tools.current().definitions());
-    wake.notify_one();
+/// served may be queued already (requeued after a restart). The pool's row
+/// says which tools it claims (claim signals name a worker process only
+/// for jobs of its tools), written when they change.
+async fn follow_served_tools(pool: WorkerPool, wake: Arc<Notify>, shutdown: CancellationToken) {
+    let mut changed = pool.tools.changed();
+    let mut reported: Option<Vec<String>> = None;
     loop {
+        // The first time round: a change between the slots' making and the
+        // subscription above would be missed, so the list is taken as it is.
+        pool.slots.serve(pool.tools.current().definitions());
+        wake.notify_one();
+        let served = pool.slots.served();
+        if reported.as_ref() != Some(&served) {
+            match pool.store.worker_serves(&pool.worker_id, &served).await {
+                Ok(()) => reported = Some(served),
+                // Told again at the next change; until then claim signals
+                // name it by what it last said (or for any tool).
+                Err(e) => tracing::warn!(error = %e, "recording the tools served failed"),
+            }
+        }
         tokio::select! {
             _ = shutdown.cancelled() => return,
             seen = changed.changed() => {
                 if seen.is_err() {
                     return;
                 }
-                slots.serve(tools.current().definitions());
-                wake.notify_one();
             }
         }
     }

@@ -383,7 +383,7 @@ async fn queue_one(other: &Store, n: i64) {
         )
         .await
         .unwrap();
-    other.announce_queued(1);
+    other.announce_queued(&QueuedJobs::one_of("echo"));
 }
 
 /// Now in ms since the epoch: heartbeats are judged against the
@@ -545,6 +545,77 @@ async fn a_queued_job_is_named_for_a_worker_with_room(db: TestDb) {
     shutdown.cancel();
 }
 store_test!(a_queued_job_is_named_for_a_worker_with_room);
+
+/// Issue 26: a queued job is named only for worker processes that serve
+/// its tool (as each reported, `worker_serves`), so that where processes
+/// serve different tools a job does not wait for the others' later look
+/// (both drivers: PostgreSQL's notification, SQLite's wake file).
+async fn a_queued_job_is_named_for_a_worker_serving_its_tool(db: TestDb) {
+    let shutdown = CancellationToken::new();
+    let ([serving, other_tools], other, _other_feed) = claimers_and_a_queuer(&db, &shutdown).await;
+    let now = wall_clock_ms();
+    for (id, tools) in [
+        ("w-echo", ["echo", "sleep"]),
+        ("w-report", ["report", "sleep"]),
+    ] {
+        let worker = NewWorker {
+            worker_id: id.to_owned(),
+            pid: 7,
+            host: "host-tools".to_owned(),
+            kind: WorkerKind::Process,
+            concurrency: 4,
+            lease_ms: 30_000,
+        };
+        other.worker_register(&worker, now).await.unwrap();
+        let tools: Vec<String> = tools.iter().map(|t| (*t).to_owned()).collect();
+        other.worker_serves(id, &tools).await.unwrap();
+    }
+    let (Some(serving_id), Some(other_id)) = (serving.claimer(), other_tools.claimer()) else {
+        panic!("every driver names claimers");
+    };
+    serving_id.set("w-echo".to_owned()).unwrap();
+    other_id.set("w-report".to_owned()).unwrap();
+    let passed_over = other_tools.queued_for_others().unwrap();
+    let mut n = 0;
+    let mut queue = async || {
+        n += 1;
+        queue_one(&other, n).await;
+    };
+    // SQLite reads the live workers in the background, at most once a
+    // second: until it has, its pokes name no one.
+    let deadline = std::time::Instant::now() + Duration::from_secs(10);
+    loop {
+        let heard = passed_over.notified();
+        queue().await;
+        if tokio::time::timeout(Duration::from_millis(300), heard)
+            .await
+            .is_ok()
+        {
+            break;
+        }
+        assert!(std::time::Instant::now() < deadline, "no poke named anyone");
+    }
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    for notify in [serving.queued(), other_tools.queued(), passed_over.clone()] {
+        fires(&notify, Duration::from_millis(1)).await;
+    }
+    // Both have room; named at random or in turn, an echo job goes to the
+    // one serving echo, every time.
+    for _ in 0..8 {
+        queue().await;
+        assert!(
+            fires(&serving.queued(), Duration::from_secs(10)).await,
+            "the worker serving the tool is asked"
+        );
+        assert!(fires(&passed_over, Duration::from_secs(10)).await);
+        assert!(
+            !fires(&other_tools.queued(), Duration::from_millis(100)).await,
+            "the one not serving it is not asked at once"
+        );
+    }
+    shutdown.cancel();
+}
+store_test!(a_queued_job_is_named_for_a_worker_serving_its_tool);
 
 /// A worker process's feed (interest Control) is woken by another
 /// process's cancellations and answers, not by its creations, claims,

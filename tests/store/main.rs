@@ -61,9 +61,10 @@ use taskbroker::store::ops::{
 };
 use taskbroker::store::{
     self, AnswerOutcome, CancelOutcome, ClaimedJob, Driver, Durability, FeedInterest, NewJob,
-    NewSession, NewTask, NewToken, NewWorker, OneWrite, PurgeReport, QueueDepth, RescueReport,
-    ResultKind, Retention, SchemaVersions, Signal, Store, StoreError, TaskMessage, TaskOutcome,
-    TaskRow, TaskStatus, ToolQuota, WorkerCounts, WorkerKind, WorkerState, Write, Written,
+    NewSession, NewTask, NewToken, NewWorker, OneWrite, PurgeReport, QueueDepth, QueuedJobs,
+    RescueReport, ResultKind, Retention, SchemaVersions, Signal, Store, StoreError, TaskMessage,
+    TaskOutcome, TaskRow, TaskStatus, ToolQuota, WorkerCounts, WorkerKind, WorkerState, Write,
+    Written,
 };
 use tempfile::TempDir;
 use tokio_util::sync::CancellationToken;

@@ -149,8 +149,9 @@ async fn issue26_a_queued_job_names_workers_by_their_room() {
         let mut listener = sqlx::postgres::PgListener::connect(&url).await.unwrap();
         listener.listen("taskbroker_queued").await.unwrap();
         let mut raw = PgConnection::connect(&url).await.expect("connect");
-        let mut named = async |jobs: i64| -> Vec<String> {
-            sqlx::query("SELECT taskbroker_announce_queued($1, $2)")
+        let mut named_for = async |tool: &str, jobs: i64| -> Vec<String> {
+            sqlx::query("SELECT taskbroker_announce_queued(ARRAY[$1], ARRAY[$2::bigint], $3)")
+                .bind(tool)
                 .bind(jobs)
                 .bind(now)
                 .execute(&mut raw)
@@ -170,6 +171,7 @@ async fn issue26_a_queued_job_names_workers_by_their_room() {
             ids.sort();
             ids
         };
+        let mut named = async |jobs: i64| named_for("echo", jobs).await;
         // Whatever the random order, jobs that fit in one worker's room
         // name one worker with room, never the full one.
         for _ in 0..20 {
@@ -187,6 +189,19 @@ async fn issue26_a_queued_job_names_workers_by_their_room() {
             .await
             .unwrap();
         assert_eq!(named(3).await, ["w-full", "w-small"]);
+        // Named only for the tools each serves (as it reported; one that
+        // did not say is named for any).
+        db.store
+            .worker_serves("w-small", &["report".to_owned()])
+            .await
+            .unwrap();
+        assert_eq!(named_for("echo", 3).await, ["w-full"]);
+        db.store
+            .worker_serves("w-full", &["echo".to_owned()])
+            .await
+            .unwrap();
+        assert_eq!(named_for("report", 1).await, ["w-small"]);
+        assert_eq!(named_for("echo", 1).await, ["w-full"]);
         raw.close().await.unwrap();
     })
     .await;

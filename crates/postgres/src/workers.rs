@@ -47,6 +47,18 @@ impl WorkerStore for PostgresStore {
         Ok(())
     }
 
+    /// The tools the pool claims.
+    async fn worker_serves(&self, worker_id: &str, tools: &[String]) -> Result<(), StoreError> {
+        sqlx::query!(
+            "UPDATE workers SET tools = $1 WHERE worker_id = $2",
+            tools,
+            worker_id
+        )
+        .execute(&self.pool)
+        .await?;
+        Ok(())
+    }
+
     /// `stopping` (after SIGTERM) or `stopped` (on exit).
     async fn worker_set_state(
         &self,

@@ -1,15 +1,16 @@
 //! Which worker processes a queued job's wake-up names (issue 26): as
 //! PostgreSQL's notification does (migrations V15 and V19 there), a process
 //! that queues jobs names, in the queue's wake file, as many live worker
-//! processes as it takes to run them (each has room for its concurrency
-//! less the jobs it runs, at least one; at most [`MAX_NAMED`] named); only
-//! they claim at once, the others look a moment later if still idle. With
-//! no live worker process known, the poke names no one and every claimer
-//! looks, as before.
+//! processes serving their tools as it takes to run them (each has room
+//! for its concurrency less the jobs it runs, at least one; at most
+//! [`MAX_NAMED`] named; migration V20 here and there: the tools a worker
+//! claims, as it reported them); only they claim at once, the others look a
+//! moment later if still idle. With no live worker process known to serve
+//! them, the poke names no one and every claimer looks, as before.
 //!
 //! The live worker processes (kind `process`, state `live`, heartbeat
-//! within half their lease) and the jobs each reported running at its
-//! last heartbeat are read at most once per [`FRESH_FOR`], in the
+//! within half their lease), their tools and the jobs each reported
+//! running at its last heartbeat are read at most once per [`FRESH_FOR`], in the
 //! background: a poke never waits for a read. Names are taken in turn from
 //! that list, those with room first, so consecutive pokes spread over
 //! every worker. A worker that started since the last read is not named
@@ -17,11 +18,12 @@
 //! later); one that stopped since is named in vain (the others look a
 //! moment later).
 
+use std::collections::{BTreeMap, HashSet};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use sqlx::SqlitePool;
-use taskbroker_storage::NAMED_CLAIMERS;
+use taskbroker_storage::{NAMED_CLAIMERS, QueuedJobs};
 
 /// At most this many worker processes named per poke.
 pub(crate) const MAX_NAMED: usize = 8;
@@ -45,11 +47,12 @@ struct Known {
 }
 
 impl Claimers {
-    /// The payload of a poke for `jobs` queued jobs: `claim:` and the ids
-    /// of the workers whose turn it is, as many as have room for the jobs,
-    /// or empty (everyone) when no live worker process is known. Starts a
-    /// read of them in the background when the last one is stale.
-    pub(crate) fn payload(self: &Arc<Self>, jobs: usize, read: &SqlitePool) -> String {
+    /// The payload of a poke for `jobs` queued: `claim:` and the ids of the
+    /// workers serving their tools whose turn it is, as many as have room
+    /// for the jobs, or empty (everyone) when no live worker process is
+    /// known to serve them. Starts a read of them in the background when
+    /// the last one is stale.
+    pub(crate) fn payload(self: &Arc<Self>, jobs: &QueuedJobs, read: &SqlitePool) -> String {
         let Ok(mut known) = self.state.lock() else {
             return String::new();
         };
@@ -80,7 +83,7 @@ impl Claimers {
             .duration_since(std::time::UNIX_EPOCH)
             .map_or(0, |d| i64::try_from(d.as_millis()).unwrap_or(i64::MAX));
         let live = sqlx::query!(
-            "SELECT worker_id, concurrency, jobs_running FROM workers
+            "SELECT worker_id, concurrency, jobs_running, tools FROM workers
               WHERE kind = 'process' AND state = 'live' AND heartbeat_at + lease_ms / 2 > ?
               ORDER BY worker_id",
             now
@@ -92,6 +95,7 @@ impl Claimers {
                 .map(|r| Live {
                     worker_id: r.worker_id,
                     room: r.concurrency - r.jobs_running,
+                    tools: r.tools.and_then(|t| serde_json::from_str(&t).ok()),
                 })
                 .collect()
         });
@@ -121,35 +125,62 @@ struct Live {
     /// Its concurrency less the jobs it reported running (may be 0 or less:
     /// the report lags).
     room: i64,
+    /// The tools it claims; None: it did not say (any).
+    tools: Option<HashSet<String>>,
+}
+
+impl Live {
+    /// Whether it may claim a job of `tool` (None: a tool not told).
+    fn serves(&self, tool: Option<&str>) -> bool {
+        match (&self.tools, tool) {
+            (Some(tools), Some(tool)) => tools.contains(tool),
+            _ => true,
+        }
+    }
 }
 
 impl Known {
-    /// Whose turn it is for `jobs` queued jobs (indexes into `live`): from
-    /// the next in turn, those with room until their room covers the jobs,
-    /// then, if it does not, those reported full (each counted as room for
-    /// one); at most [`MAX_NAMED`]. None when no worker is known.
-    fn name(&mut self, jobs: usize) -> Option<Vec<usize>> {
+    /// Whose turn it is for `jobs` queued (indexes into `live`, in turn):
+    /// for each tool, from the next in turn, those serving it with room
+    /// until their room covers its jobs, then, if it does not, those
+    /// reported full (each counted as room for one); at most
+    /// [`MAX_NAMED`]. None when no known worker serves them.
+    fn name(&mut self, jobs: &QueuedJobs) -> Option<Vec<usize>> {
         let n = self.live.len();
-        if n == 0 {
-            return None;
+        // Jobs per tool (None: tools not told).
+        let mut wanted: BTreeMap<Option<&str>, i64> = BTreeMap::new();
+        for tool in &jobs.tools {
+            *wanted.entry(Some(tool.as_str())).or_default() += 1;
         }
-        let want = i64::try_from(jobs.max(1)).unwrap_or(i64::MAX);
+        if jobs.untold > 0 || wanted.is_empty() {
+            let untold = i64::try_from(jobs.untold.max(1)).unwrap_or(i64::MAX);
+            *wanted.entry(None).or_default() += untold;
+        }
         let in_turn = (0..n).map(|i| (self.next + i) % n);
-        let with_room = in_turn.clone().filter(|&at| self.live[at].room > 0);
-        let full = in_turn.filter(|&at| self.live[at].room <= 0);
-        let mut named = Vec::new();
-        let mut covered = 0i64;
-        for at in with_room.chain(full) {
-            if covered >= want || named.len() == MAX_NAMED {
-                break;
+        let order: Vec<usize> = in_turn
+            .clone()
+            .filter(|&at| self.live[at].room > 0)
+            .chain(in_turn.filter(|&at| self.live[at].room <= 0))
+            .collect();
+        let mut named = vec![false; n];
+        for (tool, want) in wanted {
+            let mut covered = 0i64;
+            for &at in order.iter().filter(|&&at| self.live[at].serves(tool)) {
+                if covered >= want {
+                    break;
+                }
+                covered = covered.saturating_add(self.live[at].room.max(1));
+                named[at] = true;
             }
-            covered = covered.saturating_add(self.live[at].room.max(1));
-            named.push(at);
         }
+        let named: Vec<usize> = order
+            .into_iter()
+            .filter(|&at| named[at])
+            .take(MAX_NAMED)
+            .collect();
         // The next poke starts after the last one named.
-        if let Some(&last) = named.last() {
-            self.next = (last + 1) % n;
-        }
+        let &last = named.last()?;
+        self.next = (last + 1) % n;
         Some(named)
     }
 }
@@ -166,6 +197,7 @@ mod tests {
                 .map(|(i, &room)| Live {
                     worker_id: format!("w{i}"),
                     room,
+                    tools: None,
                 })
                 .collect(),
             ..Known::default()
@@ -175,27 +207,73 @@ mod tests {
     #[test]
     fn a_poke_for_fewer_jobs_than_a_worker_has_room_for_names_one_in_turn() {
         let mut k = known(&[8, 8, 8]);
-        assert_eq!(k.name(3), Some(vec![0]));
-        assert_eq!(k.name(1), Some(vec![1]));
-        assert_eq!(k.name(8), Some(vec![2]));
-        assert_eq!(k.name(2), Some(vec![0]));
+        assert_eq!(k.name(&QueuedJobs::untold(3)), Some(vec![0]));
+        assert_eq!(k.name(&QueuedJobs::untold(1)), Some(vec![1]));
+        assert_eq!(k.name(&QueuedJobs::untold(8)), Some(vec![2]));
+        assert_eq!(k.name(&QueuedJobs::untold(2)), Some(vec![0]));
     }
 
     #[test]
     fn workers_are_named_until_their_room_covers_the_jobs_those_reported_full_last() {
         // w0 full, w1 room 2, w2 room 3, w3 room 8.
         let mut k = known(&[0, 2, 3, 8]);
-        assert_eq!(k.name(4), Some(vec![1, 2]));
+        assert_eq!(k.name(&QueuedJobs::untold(4)), Some(vec![1, 2]));
         // From w3 on: w3 covers 5.
-        assert_eq!(k.name(5), Some(vec![3]));
+        assert_eq!(k.name(&QueuedJobs::untold(5)), Some(vec![3]));
         // More jobs than all the room: every worker, the full one last.
-        assert_eq!(k.name(100), Some(vec![1, 2, 3, 0]));
+        assert_eq!(k.name(&QueuedJobs::untold(100)), Some(vec![1, 2, 3, 0]));
     }
 
     #[test]
     fn no_more_than_max_named_and_no_one_when_none_is_known() {
         let mut k = known(&[1; 12]);
-        assert_eq!(k.name(50).map(|v| v.len()), Some(MAX_NAMED));
-        assert_eq!(known(&[]).name(3), None);
+        assert_eq!(
+            k.name(&QueuedJobs::untold(50)).map(|v| v.len()),
+            Some(MAX_NAMED)
+        );
+        assert_eq!(known(&[]).name(&QueuedJobs::untold(3)), None);
+    }
+
+    /// `k` with worker `at` serving only `tools`.
+    fn serving(mut k: Known, at: usize, tools: &[&str]) -> Known {
+        k.live[at].tools = Some(tools.iter().map(|t| (*t).to_owned()).collect());
+        k
+    }
+
+    fn of(tools: &[&str]) -> QueuedJobs {
+        QueuedJobs {
+            tools: tools.iter().map(|t| (*t).to_owned()).collect(),
+            untold: 0,
+        }
+    }
+
+    #[test]
+    fn a_job_names_only_workers_serving_its_tool_or_that_did_not_say() {
+        // w0 serves build, w1 report, w2 both, w3 did not say.
+        let k = serving(known(&[8, 8, 8, 8]), 0, &["build"]);
+        let k = serving(k, 1, &["report"]);
+        let mut k = serving(k, 2, &["build", "report"]);
+        // Each report job, in turn: w1, w2, w3, then w1 again (never w0).
+        let named: Vec<_> = (0..4).map(|_| k.name(&of(&["report"]))).collect();
+        assert_eq!(
+            named,
+            [Some(vec![1]), Some(vec![2]), Some(vec![3]), Some(vec![1])]
+        );
+        // Jobs of tools not told go to anyone in turn.
+        assert_eq!(k.name(&QueuedJobs::untold(1)), Some(vec![2]));
+    }
+
+    #[test]
+    fn jobs_of_two_tools_name_a_worker_for_each_and_none_serving_names_no_one() {
+        let k = serving(known(&[2, 2, 2]), 0, &["build"]);
+        let k = serving(k, 1, &["report"]);
+        let mut k = serving(k, 2, &["report"]);
+        // 1 build (w0) and 3 report jobs (w1 covers 2, then w2).
+        assert_eq!(
+            k.name(&of(&["report", "build", "report", "report"])),
+            Some(vec![0, 1, 2])
+        );
+        // Nobody known serves deploy: the poke names no one (all look).
+        assert_eq!(k.name(&of(&["deploy"])), None);
     }
 }

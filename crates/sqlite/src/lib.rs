@@ -45,7 +45,8 @@ use sqlx::sqlite::{
 };
 use sqlx::{Connection, Sqlite, SqliteConnection};
 use taskbroker_storage::{
-    ChangeFeed, Driver, Durability, FeedInterest, Signal, Storage, StoreError, Write, Written,
+    ChangeFeed, Driver, Durability, FeedInterest, QueuedJobs, Signal, Storage, StoreError, Write,
+    Written,
 };
 use tokio_util::sync::CancellationToken;
 
@@ -333,9 +334,9 @@ impl Storage for SqliteStore {
         }
     }
 
-    /// The queue's poke names as many live worker processes as it takes
-    /// to run the jobs (see `claimers.rs`).
-    fn announce_queued(&self, jobs: usize) {
+    /// The queue's poke names as many live worker processes serving the
+    /// jobs' tools as it takes to run them (see `claimers.rs`).
+    fn announce_queued(&self, jobs: &QueuedJobs) {
         if let Some(wakes) = self.wakes.get() {
             let payload = self.claimers.payload(jobs, &self.read);
             wakes.file(Signal::Queued).poke_with(&payload);

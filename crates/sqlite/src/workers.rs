@@ -47,6 +47,19 @@ impl WorkerStore for SqliteStore {
         Ok(())
     }
 
+    /// The tools the pool claims (a JSON array).
+    async fn worker_serves(&self, worker_id: &str, tools: &[String]) -> Result<(), StoreError> {
+        let tools = serde_json::Value::from(tools.to_vec()).to_string();
+        sqlx::query!(
+            "UPDATE workers SET tools = ? WHERE worker_id = ?",
+            tools,
+            worker_id
+        )
+        .execute(&mut *self.writer().await?)
+        .await?;
+        Ok(())
+    }
+
     /// `stopping` (after SIGTERM) or `stopped` (on exit).
     async fn worker_set_state(
         &self,

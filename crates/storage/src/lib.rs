@@ -203,6 +203,45 @@ pub type Concerned = Arc<dyn Fn(&str, &str) -> bool + Send + Sync>;
 /// spaces (PostgreSQL: migration V15; SQLite: the queue's wake file).
 pub const NAMED_CLAIMERS: &str = "claim:";
 
+/// Jobs a process just made claimable, as it tells them to a driver whose
+/// signals name claimers ([`Storage::announce_queued`]): named are only
+/// worker processes that serve the jobs' tools.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct QueuedJobs {
+    /// The tool of each job whose tool is known (a tool once per job).
+    pub tools: Vec<String>,
+    /// How many more jobs, of tools not told (any worker may serve them).
+    pub untold: usize,
+}
+
+impl QueuedJobs {
+    /// One job of `tool`.
+    pub fn one_of(tool: &str) -> Self {
+        Self {
+            tools: vec![tool.to_owned()],
+            untold: 0,
+        }
+    }
+
+    /// `n` jobs of tools not told.
+    pub fn untold(n: usize) -> Self {
+        Self {
+            tools: Vec::new(),
+            untold: n,
+        }
+    }
+
+    /// How many jobs in all.
+    pub fn len(&self) -> usize {
+        self.tools.len().saturating_add(self.untold)
+    }
+
+    /// Whether there is none.
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+}
+
 /// Whether a queued signal's `payload` asks `claimer` (this process's
 /// worker id, if it has a pool) to claim at once: yes unless it names
 /// claimers and not this one.
@@ -522,6 +561,10 @@ pub trait WorkerStore {
         jobs_running: i64,
         now: i64,
     ) -> Result<(), StoreError>;
+    /// The tools the pool claims (their names), at its start and whenever
+    /// they change: claim signals name a worker process only for jobs of
+    /// its tools (until it says, for any).
+    async fn worker_serves(&self, worker_id: &str, tools: &[String]) -> Result<(), StoreError>;
     /// The pool is stopping or stopped.
     async fn worker_set_state(
         &self,
@@ -652,11 +695,11 @@ pub trait Storage:
     /// Tell other processes that this one just committed a change of kind
     /// `signal` (where the database does not tell them itself).
     fn announce(&self, signal: Signal);
-    /// [`Signal::Queued`] for `jobs` jobs this process just made
-    /// claimable: a driver whose signals name claimers names as many worker
-    /// processes as it takes to run them (where the database does not name
-    /// them itself).
-    fn announce_queued(&self, jobs: usize) {
+    /// [`Signal::Queued`] for `jobs` this process just made claimable: a
+    /// driver whose signals name claimers names as many worker processes
+    /// serving their tools as it takes to run them (where the database
+    /// does not name them itself).
+    fn announce_queued(&self, jobs: &QueuedJobs) {
         let _ = jobs;
         self.announce(Signal::Queued);
     }
