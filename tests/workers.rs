@@ -741,6 +741,57 @@ async fn a_worker_reports_at_once_that_it_filled_up_or_has_room(driver: Driver) 
 }
 both_drivers!(a_worker_reports_at_once_that_it_filled_up_or_has_room);
 
+/// Issue 26: a job waiting for its client's answer holds no slot, and the
+/// room a worker process reports says so: a worker of concurrency 1 whose
+/// one job asks a question (`approve`, input_required) reports 0 slots held
+/// after it filled up (a heartbeat after the claim, with a 600 s lease: the
+/// fullness reports), not 1 for as long as the person takes.
+async fn a_worker_whose_jobs_wait_for_their_client_reports_room(driver: Driver) {
+    let server = Server::start_on(driver, &["--workers", "0"]);
+    let _worker = WorkerProc::start(&server, 0, &["--concurrency", "1", "--lease", "600"]);
+    let db = server.db_reader().await;
+    let row = async || -> Option<(i64, i64)> {
+        db.optional::<(i64, i64)>(
+            "SELECT jobs_running, heartbeat_at FROM workers WHERE kind = 'process' AND state = 'live'",
+            &[],
+        )
+        .await
+    };
+    let deadline = Instant::now() + Duration::from_secs(30);
+    let registered = loop {
+        if let Some((_, at)) = row().await {
+            break at;
+        }
+        assert!(Instant::now() < deadline, "the worker never registered");
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    };
+    let mut c = Client::new(&server.url);
+    c.initialize_with(json!({"elicitation": {}})).await;
+    let task = id(&c
+        .call_task("approve", json!({"question": "Ship it?"}))
+        .await);
+    loop {
+        let t = c.ok("tasks/get", json!({"taskId": task})).await;
+        if t["status"] == "input_required" {
+            break;
+        }
+        assert!(Instant::now() < deadline, "never input_required: {t}");
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    loop {
+        let (held, at) = row().await.unwrap();
+        if at > registered && held == 0 {
+            break;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "the worker reports {held} slots held (heartbeat {at}, registered {registered})"
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+}
+both_drivers!(a_worker_whose_jobs_wait_for_their_client_reports_room);
+
 /// Issue 26: a job whose signal names a worker process that cannot claim
 /// it is not stranded. Two worker processes; one is stopped (SIGSTOP: its
 /// heartbeat stays fresh, so PostgreSQL keeps naming it for about half the

@@ -12,8 +12,9 @@
 -- * taskbroker_announce_queued now takes the queued jobs per tool: for
 --   each tool, the processes serving it are taken in a random order (one
 --   order for all tools), those with room first, until their room covers
---   that tool's jobs; the union of them, at most 8, is named, in the
---   order their turn came. A process serving several of the tools counts
+--   that tool's jobs; the union of them, at most 8, is named: the first
+--   for each tool before the others, so that a commit of many tools names
+--   one for each of them. A process serving several of the tools counts
 --   its room for each. When no live process serves any of them, the
 --   payload is empty (every claimer looks), as when none is live.
 ALTER TABLE workers ADD COLUMN tools text[];
@@ -39,6 +40,7 @@ BEGIN
             SELECT l.worker_id, q.n,
                    sum(l.room) OVER (PARTITION BY q.tool ORDER BY l.full_, l.r
                                      ROWS UNBOUNDED PRECEDING) - l.room AS room_before,
+                   row_number() OVER (PARTITION BY q.tool ORDER BY l.full_, l.r) AS nth,
                    l.full_, l.r
               FROM unnest(queued_tools, queued_counts) AS q(tool, n)
               JOIN live l ON l.tools IS NULL OR q.tool = ANY (l.tools))
@@ -47,13 +49,13 @@ BEGIN
               FROM ranked
              WHERE room_before < n
              GROUP BY worker_id
-             ORDER BY bool_and(full_), min(r)
+             ORDER BY min(nth) > 1, bool_and(full_), min(r)
              LIMIT 8) w;
     PERFORM pg_notify('taskbroker_queued', COALESCE('claim:' || named, ''));
 END;
 $$;
 
-COMMENT ON FUNCTION taskbroker_announce_queued(text[], bigint[], bigint) IS 'The taskbroker_queued notification for claimable jobs queued (counts per tool): ''claim:'' and the ids of live worker processes (fresh heartbeat) serving those tools (or that did not say which they serve), for each tool in one random order, those with room first, until their room (concurrency less running jobs, at least 1) covers its jobs; at most 8; empty when there is none.';
+COMMENT ON FUNCTION taskbroker_announce_queued(text[], bigint[], bigint) IS 'The taskbroker_queued notification for claimable jobs queued (counts per tool): ''claim:'' and the ids of live worker processes (fresh heartbeat) serving those tools (or that did not say which they serve), for each tool in one random order, those with room first, until their room (concurrency less running jobs, at least 1) covers its jobs; at most 8, the first for each tool before the others; empty when there is none.';
 
 -- Jobs inserted: the queued notification, per tool.
 CREATE OR REPLACE FUNCTION taskbroker_notify_queued() RETURNS trigger

@@ -16,9 +16,10 @@
 //! catches up on a slow tick, and it reads only the cancels and answers
 //! (not every task's changes and progress), so adding worker processes does
 //! not add work to every task. Claimers are woken apart, only when a
-//! job became claimable ([`Feed::queued`]); where the signal names the
-//! worker processes to claim at once (PostgreSQL), the others hear it as
-//! [`Feed::queued_for_others`] and look a moment later.
+//! job became claimable ([`Feed::queued`]); the signal names the worker
+//! processes to claim at once (both drivers: those serving the jobs' tools,
+//! by their room), and the others hear it as [`Feed::queued_for_others`]
+//! and look a moment later.
 //!
 //! A server's tailer is woken at once only for the changes this process
 //! acts on, where the driver's signals name the task (PostgreSQL): a task
@@ -278,7 +279,9 @@ impl Feed {
     /// look of a `tasks/result`
     /// ([`Feed::take_created`]), unless a change of it was published since
     /// [`Feed::expect_created`]. Call it before the creator hears of the
-    /// task and before its job starts.
+    /// task. Its job may have started already (another process may claim
+    /// it the moment it commits): a change published since the expectation
+    /// forbids the keeping, so a row kept is never older than a change.
     pub fn remember_created(&self, row: &TaskRow) {
         lock(&self.created).keep(row);
     }
@@ -294,10 +297,10 @@ impl Feed {
     /// look reads the task). Watch the task first ([`Feed::watch_task`]): a
     /// change published after this look then reaches the watch. A change
     /// committed by another process reaches it when this process's feed
-    /// reads it: at once where it hears which tasks changed, or with its
-    /// catch-up read (within a second) when it heard of the change before
-    /// the watch began (PostgreSQL: another server's cancel in the moment
-    /// between the creation and the first `tasks/result`).
+    /// reads it: at once, since a kept task counts as watched where the
+    /// driver's signals name the task (PostgreSQL), or, should the notice
+    /// be lost (the listener reconnecting), with the feed's catch-up read
+    /// within a second.
     pub fn take_created(&self, task_id: &str) -> Option<TaskRow> {
         lock(&self.created).take(task_id)
     }

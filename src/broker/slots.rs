@@ -8,9 +8,12 @@
 //! Claims reserve first, then claim: a [`Reservation`] holds the free slots
 //! and says how many jobs of each tool a claim may take
 //! ([`ToolQuota`]); each claimed job then takes its [`Slot`] out of it, and
-//! what is not used goes back when the reservation is dropped.
+//! what is not used goes back when the reservation is dropped. The slots
+//! jobs hold are counted ([`Slots::held`]: the room a worker process
+//! reports in its heartbeat, which claim signals name it by).
 
 use std::collections::HashMap;
+use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, PoisonError, RwLock};
 
 use tokio::sync::{Notify, OwnedSemaphorePermit, Semaphore};
@@ -42,6 +45,32 @@ pub struct Slots {
     freed: Arc<Notify>,
     /// The process cap.
     cap: usize,
+    /// The slots running jobs hold now.
+    held: Arc<Held>,
+}
+
+/// How many slots running jobs hold (a job waiting for its client holds
+/// none), and word when that reaches the cap or leaves it.
+#[derive(Debug)]
+struct Held {
+    count: AtomicUsize,
+    cap: usize,
+    fullness: Notify,
+}
+
+impl Held {
+    fn take(self: &Arc<Self>) -> Arc<Self> {
+        if self.count.fetch_add(1, Ordering::Relaxed) + 1 == self.cap {
+            self.fullness.notify_one();
+        }
+        self.clone()
+    }
+
+    fn give_back(&self) {
+        if self.count.fetch_sub(1, Ordering::Relaxed) == self.cap {
+            self.fullness.notify_one();
+        }
+    }
 }
 
 /// Slots held for a claim in flight.
@@ -53,6 +82,7 @@ pub struct Reservation {
     /// Some served tool had no free slot.
     capped: bool,
     freed: Arc<Notify>,
+    held: Arc<Held>,
 }
 
 /// The slot a running job holds; given back when dropped.
@@ -61,6 +91,7 @@ pub struct Slot {
     process: Option<OwnedSemaphorePermit>,
     tool: Option<OwnedSemaphorePermit>,
     freed: Arc<Notify>,
+    held: Arc<Held>,
 }
 
 impl Drop for Slot {
@@ -68,6 +99,7 @@ impl Drop for Slot {
         // Permits first, then the word: whoever wakes finds them free.
         drop(self.tool.take());
         drop(self.process.take());
+        self.held.give_back();
         self.freed.notify_one();
     }
 }
@@ -85,6 +117,11 @@ impl Slots {
             tools: RwLock::new(HashMap::new()),
             freed: Arc::new(Notify::new()),
             cap,
+            held: Arc::new(Held {
+                count: AtomicUsize::new(0),
+                cap,
+                fullness: Notify::new(),
+            }),
         };
         slots.serve(tools);
         slots
@@ -130,6 +167,18 @@ impl Slots {
     /// The process cap.
     pub fn cap(&self) -> usize {
         self.cap
+    }
+
+    /// How many slots running jobs hold now (a job waiting for its
+    /// client's answer holds none).
+    pub fn held(&self) -> usize {
+        self.held.count.load(Ordering::Relaxed)
+    }
+
+    /// Resolves when the slots held reached the cap or left it since the
+    /// last call (the pool filled up or has room again).
+    pub async fn fullness_changed(&self) {
+        self.held.fullness.notified().await;
     }
 
     /// Resolves when a running job has given its slot back since the last
@@ -199,6 +248,7 @@ impl Slots {
             capped: quotas.len() < tools.len(),
             quotas,
             freed: self.freed.clone(),
+            held: self.held.clone(),
         };
         (!reservation.quotas.is_empty()).then_some(reservation)
     }
@@ -221,6 +271,7 @@ impl Slots {
             process: Some(process),
             tool: tool_permit,
             freed: self.freed.clone(),
+            held: self.held.take(),
         })
     }
 }
@@ -259,6 +310,7 @@ impl Reservation {
             process: Some(process),
             tool: tool_permit,
             freed: self.freed.clone(),
+            held: self.held.take(),
         })
     }
 }

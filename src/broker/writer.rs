@@ -193,6 +193,8 @@ impl Writer {
                 for task_id in created.keys().filter(|id| !kept_ids.contains(id.as_str())) {
                     feed.forget_created(task_id);
                 }
+                // Only the jobs of creations that took are queued.
+                created.retain(|task_id, _| kept_ids.contains(task_id.as_str()));
                 // Completions that took: this process's waiters get the
                 // outcome with the word (no read of the task again).
                 let mut ended = HashSet::new();
@@ -223,8 +225,8 @@ impl Writer {
                 // not handed off (an older due job may have been taken
                 // instead of one of them).
                 let all_handed =
-                    taken.len() == queued && taken.iter().all(|id| created.contains_key(id));
-                if queued > 0 && !all_handed {
+                    taken.len() == created.len() && taken.iter().all(|id| created.contains_key(id));
+                if !created.is_empty() && !all_handed {
                     job_queued.notify_one();
                     feed.announce_queued(&left_queued(&created, &taken));
                 }

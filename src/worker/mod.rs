@@ -5,7 +5,6 @@
 mod job;
 
 use std::sync::Arc;
-use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::Duration;
 
 use tokio::sync::{Notify, mpsc};
@@ -48,11 +47,6 @@ pub struct WorkerPool {
     worker_id: String,
     /// Woken when this process queues a job.
     job_queued: Arc<Notify>,
-    /// Jobs running now (for the workers table).
-    running: Arc<AtomicUsize>,
-    /// Woken when the pool fills up or has room again: the heartbeat
-    /// reports it soon (claim signals name processes by that report).
-    fullness_changed: Arc<Notify>,
     /// Group commit of completions.
     writer: Writer,
     /// Free slots: the process's, and each capped tool's.
@@ -125,8 +119,6 @@ impl WorkerPool {
             config,
             worker_id,
             job_queued,
-            running: Arc::new(AtomicUsize::new(0)),
-            fullness_changed: Arc::new(Notify::new()),
             writer,
             slots,
         }
@@ -350,20 +342,7 @@ impl WorkerPool {
     ) {
         let pool = self.clone();
         let release = release.clone();
-        jobs.spawn(async move {
-            // Only worker processes are named by their room.
-            let cap = match pool.config.kind {
-                WorkerKind::Process => pool.slots.cap(),
-                WorkerKind::Embedded => usize::MAX,
-            };
-            if pool.running.fetch_add(1, Ordering::Relaxed) + 1 == cap {
-                pool.fullness_changed.notify_one();
-            }
-            pool.run_job(job, slot, release).await;
-            if pool.running.fetch_sub(1, Ordering::Relaxed) == cap {
-                pool.fullness_changed.notify_one();
-            }
-        });
+        jobs.spawn(async move { pool.run_job(job, slot, release).await });
     }
 
     /// Whether a claim may find a job: a read where a claim that finds
@@ -449,20 +428,24 @@ impl WorkerPool {
         }
     }
 
-    /// A heartbeat every third of the lease, with the jobs running; and,
-    /// when the pool fills up or has room again, one within
+    /// A heartbeat every third of the lease, with the slots running jobs
+    /// hold (a job waiting for its client holds none); and, in a worker
+    /// process, when the pool fills up or has room again, one within
     /// [`FULLNESS_REPORT_MIN`] of the last, so that claim signals, which
-    /// name processes by the room they reported, do not go on naming a
-    /// full one (or passing over one with room) for a third of a lease.
+    /// name worker processes by the room they reported, do not go on
+    /// naming a full one (or passing over one with room) for a third of a
+    /// lease.
     async fn heartbeat_loop(self, shutdown: CancellationToken) {
         let mut tick = tokio::time::interval(self.config.lease / 3);
         tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
         let mut last = tokio::time::Instant::now();
+        // Only worker processes are named by their room.
+        let named_by_room = self.config.kind == WorkerKind::Process;
         loop {
             tokio::select! {
                 _ = shutdown.cancelled() => return,
                 _ = tick.tick() => {}
-                _ = self.fullness_changed.notified() => {
+                _ = self.slots.fullness_changed(), if named_by_room => {
                     tokio::select! {
                         _ = shutdown.cancelled() => return,
                         _ = tokio::time::sleep_until(last + FULLNESS_REPORT_MIN) => {}
@@ -472,7 +455,7 @@ impl WorkerPool {
             last = tokio::time::Instant::now();
             // The next periodic one a third of a lease from this one.
             tick.reset();
-            let running = self.running.load(Ordering::Relaxed) as i64;
+            let running = i64::try_from(self.slots.held()).unwrap_or(i64::MAX);
             if let Err(e) = self
                 .store
                 .worker_heartbeat(&self.worker_id, running, now_ms())
@@ -484,26 +467,39 @@ impl WorkerPool {
     }
 }
 
+/// How long after a failed write of the tools a pool claims it tries again.
+const SERVED_RETRY: Duration = Duration::from_secs(5);
+
 /// Claim the tools served now: upstream servers' tools come and go while
 /// the pool runs. Each change wakes the pool (`wake`): jobs of a tool just
 /// served may be queued already (requeued after a restart). The pool's row
 /// says which tools it claims (claim signals name a worker process only
-/// for jobs of its tools), written when they change.
+/// for jobs of its tools), written when they change (again every
+/// [`SERVED_RETRY`] while the write fails; meanwhile claim signals name it
+/// by what it last said, or for any tool).
 async fn follow_served_tools(pool: WorkerPool, wake: Arc<Notify>, shutdown: CancellationToken) {
     let mut changed = pool.tools.changed();
     let mut reported: Option<Vec<String>> = None;
+    // The first time round: a change between the slots' making and the
+    // subscription above would be missed, so the list is taken as it is.
+    let mut catalog_changed = true;
     loop {
-        // The first time round: a change between the slots' making and the
-        // subscription above would be missed, so the list is taken as it is.
-        pool.slots.serve(pool.tools.current().definitions());
-        wake.notify_one();
+        if catalog_changed {
+            pool.slots.serve(pool.tools.current().definitions());
+            wake.notify_one();
+        }
         let served = pool.slots.served();
+        let mut retry = None;
         if reported.as_ref() != Some(&served) {
-            match pool.store.worker_serves(&pool.worker_id, &served).await {
-                Ok(()) => reported = Some(served),
-                // Told again at the next change; until then claim signals
-                // name it by what it last said (or for any tool).
-                Err(e) => tracing::warn!(error = %e, "recording the tools served failed"),
+            tokio::select! {
+                _ = shutdown.cancelled() => return,
+                written = pool.store.worker_serves(&pool.worker_id, &served) => match written {
+                    Ok(()) => reported = Some(served),
+                    Err(e) => {
+                        tracing::warn!(error = %e, "recording the tools served failed; trying again");
+                        retry = Some(tokio::time::Instant::now() + SERVED_RETRY);
+                    }
+                },
             }
         }
         tokio::select! {
@@ -512,6 +508,10 @@ async fn follow_served_tools(pool: WorkerPool, wake: Arc<Notify>, shutdown: Canc
                 if seen.is_err() {
                     return;
                 }
+                catalog_changed = true;
+            }
+            _ = tokio::time::sleep_until(retry.unwrap_or_else(tokio::time::Instant::now)), if retry.is_some() => {
+                catalog_changed = false;
             }
         }
     }

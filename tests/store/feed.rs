@@ -386,15 +386,6 @@ async fn queue_one(other: &Store, n: i64) {
     other.announce_queued(&QueuedJobs::one_of("echo"));
 }
 
-/// Now in ms since the epoch: heartbeats are judged against the
-/// database's clock.
-fn wall_clock_ms() -> i64 {
-    std::time::SystemTime::now()
-        .duration_since(std::time::UNIX_EPOCH)
-        .unwrap()
-        .as_millis() as i64
-}
-
 /// Issue 26: a commit that queues jobs names the live worker processes
 /// asked to claim at once (fresh heartbeat, kind `process`; PostgreSQL in
 /// its notification, SQLite in the queue's wake file), and a feed hears
@@ -479,6 +470,53 @@ async fn a_queued_job_asks_the_named_claimers_at_once(db: TestDb) {
 }
 store_test!(a_queued_job_asks_the_named_claimers_at_once);
 
+/// Queue jobs from `other` (as [`queue_one`]) and check that each time the
+/// signal asks `asked` to claim at once and passes over `passed`, which
+/// hears it as queued for others. First queues until a signal names
+/// `passed` out (SQLite reads the live workers in the background, at
+/// most once a second: until it has, its pokes name no one).
+async fn each_job_asks_one_and_passes_over_the_other(
+    other: &Store,
+    asked: &dyn store::ChangeFeed,
+    passed: &dyn store::ChangeFeed,
+) {
+    let passed_over = passed.queued_for_others().unwrap();
+    let mut n = 0;
+    let mut queue = async || {
+        n += 1;
+        queue_one(other, n).await;
+    };
+    let deadline = std::time::Instant::now() + Duration::from_secs(10);
+    loop {
+        let heard = passed_over.notified();
+        queue().await;
+        if tokio::time::timeout(Duration::from_millis(300), heard)
+            .await
+            .is_ok()
+        {
+            break;
+        }
+        assert!(std::time::Instant::now() < deadline, "no poke named anyone");
+    }
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    for notify in [asked.queued(), passed.queued(), passed_over.clone()] {
+        fires(&notify, Duration::from_millis(1)).await;
+    }
+    // Named at random or in turn: the same one, every time.
+    for _ in 0..8 {
+        queue().await;
+        assert!(
+            fires(&asked.queued(), Duration::from_secs(10)).await,
+            "the right worker is asked"
+        );
+        assert!(fires(&passed_over, Duration::from_secs(10)).await);
+        assert!(
+            !fires(&passed.queued(), Duration::from_millis(100)).await,
+            "the other is not asked at once"
+        );
+    }
+}
+
 /// Issue 26: a queued job is named for a worker process with room for
 /// it, not for one that reported itself full at its last heartbeat (both
 /// drivers: PostgreSQL's notification, SQLite's wake file), so that a
@@ -504,44 +542,8 @@ async fn a_queued_job_is_named_for_a_worker_with_room(db: TestDb) {
     };
     roomy_id.set("w-roomy".to_owned()).unwrap();
     full_id.set("w-full".to_owned()).unwrap();
-    let full_for_others = full.queued_for_others().unwrap();
-    let mut n = 0;
-    let mut queue = async || {
-        n += 1;
-        queue_one(&other, n).await;
-    };
-    // SQLite reads the live workers in the background, at most once a
-    // second: until it has, its pokes name no one.
-    let deadline = std::time::Instant::now() + Duration::from_secs(10);
-    loop {
-        let heard = full_for_others.notified();
-        queue().await;
-        if tokio::time::timeout(Duration::from_millis(300), heard)
-            .await
-            .is_ok()
-        {
-            break;
-        }
-        assert!(std::time::Instant::now() < deadline, "no poke named anyone");
-    }
-    tokio::time::sleep(Duration::from_millis(300)).await;
-    for notify in [roomy.queued(), full.queued(), full_for_others.clone()] {
-        fires(&notify, Duration::from_millis(1)).await;
-    }
-    // Named at random or in turn, a job goes to the one with room, every
-    // time.
-    for _ in 0..8 {
-        queue().await;
-        assert!(
-            fires(&roomy.queued(), Duration::from_secs(10)).await,
-            "the worker with room is asked"
-        );
-        assert!(fires(&full_for_others, Duration::from_secs(10)).await);
-        assert!(
-            !fires(&full.queued(), Duration::from_millis(100)).await,
-            "the full one is not asked at once"
-        );
-    }
+    // A job goes to the one with room.
+    each_job_asks_one_and_passes_over_the_other(&other, &*roomy, &*full).await;
     shutdown.cancel();
 }
 store_test!(a_queued_job_is_named_for_a_worker_with_room);
@@ -575,44 +577,8 @@ async fn a_queued_job_is_named_for_a_worker_serving_its_tool(db: TestDb) {
     };
     serving_id.set("w-echo".to_owned()).unwrap();
     other_id.set("w-report".to_owned()).unwrap();
-    let passed_over = other_tools.queued_for_others().unwrap();
-    let mut n = 0;
-    let mut queue = async || {
-        n += 1;
-        queue_one(&other, n).await;
-    };
-    // SQLite reads the live workers in the background, at most once a
-    // second: until it has, its pokes name no one.
-    let deadline = std::time::Instant::now() + Duration::from_secs(10);
-    loop {
-        let heard = passed_over.notified();
-        queue().await;
-        if tokio::time::timeout(Duration::from_millis(300), heard)
-            .await
-            .is_ok()
-        {
-            break;
-        }
-        assert!(std::time::Instant::now() < deadline, "no poke named anyone");
-    }
-    tokio::time::sleep(Duration::from_millis(300)).await;
-    for notify in [serving.queued(), other_tools.queued(), passed_over.clone()] {
-        fires(&notify, Duration::from_millis(1)).await;
-    }
-    // Both have room; named at random or in turn, an echo job goes to the
-    // one serving echo, every time.
-    for _ in 0..8 {
-        queue().await;
-        assert!(
-            fires(&serving.queued(), Duration::from_secs(10)).await,
-            "the worker serving the tool is asked"
-        );
-        assert!(fires(&passed_over, Duration::from_secs(10)).await);
-        assert!(
-            !fires(&other_tools.queued(), Duration::from_millis(100)).await,
-            "the one not serving it is not asked at once"
-        );
-    }
+    // Both have room: an echo job goes to the one serving echo.
+    each_job_asks_one_and_passes_over_the_other(&other, &*serving, &*other_tools).await;
     shutdown.cancel();
 }
 store_test!(a_queued_job_is_named_for_a_worker_serving_its_tool);

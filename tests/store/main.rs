@@ -402,6 +402,15 @@ fn migration_files(driver: Driver) -> usize {
 
 // Helpers -------------------------------------------------------------------
 
+/// Now in ms since the epoch: heartbeats are judged against the
+/// database's clock.
+fn wall_clock_ms() -> i64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .unwrap()
+        .as_millis() as i64
+}
+
 fn new_task(task_id: &str, owner: &str) -> NewTask {
     NewTask {
         task_id: task_id.to_owned(),

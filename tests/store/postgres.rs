@@ -123,10 +123,7 @@ async fn issue26_feed_ids_are_drawn_at_commit() {
 #[tokio::test]
 async fn issue26_a_queued_job_names_workers_by_their_room() {
     run(Driver::Postgres, |db: TestDb| async move {
-        let now = std::time::SystemTime::now()
-            .duration_since(std::time::UNIX_EPOCH)
-            .unwrap()
-            .as_millis() as i64;
+        let now = wall_clock_ms();
         // w-roomy: room 6; w-small: room 2; w-full: reported full.
         for (id, concurrency, running) in [("w-roomy", 8, 2), ("w-small", 4, 2), ("w-full", 4, 4)] {
             db.store
@@ -149,9 +146,9 @@ async fn issue26_a_queued_job_names_workers_by_their_room() {
         let mut listener = sqlx::postgres::PgListener::connect(&url).await.unwrap();
         listener.listen("taskbroker_queued").await.unwrap();
         let mut raw = PgConnection::connect(&url).await.expect("connect");
-        let mut named_for = async |tool: &str, jobs: i64| -> Vec<String> {
-            sqlx::query("SELECT taskbroker_announce_queued(ARRAY[$1], ARRAY[$2::bigint], $3)")
-                .bind(tool)
+        let mut named_for_each = async |tools: &[&str], jobs: &[i64]| -> Vec<String> {
+            sqlx::query("SELECT taskbroker_announce_queued($1, $2, $3)")
+                .bind(tools)
                 .bind(jobs)
                 .bind(now)
                 .execute(&mut raw)
@@ -171,6 +168,7 @@ async fn issue26_a_queued_job_names_workers_by_their_room() {
             ids.sort();
             ids
         };
+        let mut named_for = async |tool: &str, jobs: i64| named_for_each(&[tool], &[jobs]).await;
         let mut named = async |jobs: i64| named_for("echo", jobs).await;
         // Whatever the random order, jobs that fit in one worker's room
         // name one worker with room, never the full one.
@@ -202,6 +200,34 @@ async fn issue26_a_queued_job_names_workers_by_their_room() {
             .unwrap();
         assert_eq!(named_for("report", 1).await, ["w-small"]);
         assert_eq!(named_for("echo", 1).await, ["w-full"]);
+        // Past the cap of 8, each tool keeps one named: 10 idle workers of
+        // room 1 serve a, one of them b too; 10 jobs of a and 1 of b name
+        // 8, among them the one serving b, whatever the random order.
+        for i in 0..10 {
+            let id = format!("w-a{i}");
+            db.store
+                .worker_register(
+                    &NewWorker {
+                        worker_id: id.clone(),
+                        pid: 7,
+                        host: "host-room".to_owned(),
+                        kind: WorkerKind::Process,
+                        concurrency: 1,
+                        lease_ms: 30_000,
+                    },
+                    now,
+                )
+                .await
+                .unwrap();
+            let tools = if i == 9 { vec!["a", "b"] } else { vec!["a"] };
+            let tools: Vec<String> = tools.into_iter().map(str::to_owned).collect();
+            db.store.worker_serves(&id, &tools).await.unwrap();
+        }
+        for _ in 0..10 {
+            let named = named_for_each(&["a", "b"], &[10, 1]).await;
+            assert_eq!(named.len(), 8, "{named:?}");
+            assert!(named.iter().any(|id| id == "w-a9"), "{named:?}");
+        }
         raw.close().await.unwrap();
     })
     .await;

@@ -144,7 +144,8 @@ impl Known {
     /// for each tool, from the next in turn, those serving it with room
     /// until their room covers its jobs, then, if it does not, those
     /// reported full (each counted as room for one); at most
-    /// [`MAX_NAMED`]. None when no known worker serves them.
+    /// [`MAX_NAMED`], the first for each tool before the others. None when
+    /// no known worker serves them.
     fn name(&mut self, jobs: &QueuedJobs) -> Option<Vec<usize>> {
         let n = self.live.len();
         // Jobs per tool (None: tools not told).
@@ -162,26 +163,32 @@ impl Known {
             .filter(|&at| self.live[at].room > 0)
             .chain(in_turn.filter(|&at| self.live[at].room <= 0))
             .collect();
-        let mut named = vec![false; n];
+        // Per worker, by its place in `order`: named, and first for a tool.
+        let mut named = vec![None::<bool>; n];
         for (tool, want) in wanted {
             let mut covered = 0i64;
             for &at in order.iter().filter(|&&at| self.live[at].serves(tool)) {
                 if covered >= want {
                     break;
                 }
+                let first = covered == 0;
                 covered = covered.saturating_add(self.live[at].room.max(1));
-                named[at] = true;
+                named[at] = Some(named[at].unwrap_or(false) || first);
             }
         }
-        let named: Vec<usize> = order
-            .into_iter()
-            .filter(|&at| named[at])
-            .take(MAX_NAMED)
+        let mut chosen: Vec<(usize, usize)> = order
+            .iter()
+            .enumerate()
+            .filter_map(|(place, &at)| named[at].map(|first| (usize::from(!first), place)))
             .collect();
+        chosen.sort_unstable();
+        chosen.truncate(MAX_NAMED);
+        let mut places: Vec<usize> = chosen.into_iter().map(|(_, place)| place).collect();
+        places.sort_unstable();
         // The next poke starts after the last one named.
-        let &last = named.last()?;
-        self.next = (last + 1) % n;
-        Some(named)
+        let &last = places.last()?;
+        self.next = (order[last] + 1) % n;
+        Some(places.into_iter().map(|place| order[place]).collect())
     }
 }
 
@@ -275,5 +282,17 @@ mod tests {
         );
         // Nobody known serves deploy: the poke names no one (all look).
         assert_eq!(k.name(&of(&["deploy"])), None);
+    }
+
+    #[test]
+    fn past_the_cap_each_tool_keeps_a_worker_named() {
+        // 12 workers of room 1 serving a; w11 alone serves b too.
+        let mut k = serving(known(&[1; 12]), 11, &["a", "b"]);
+        for at in 0..11 {
+            k = serving(k, at, &["a"]);
+        }
+        let named = k.name(&of(&[&["a"; 12][..], &["b"]].concat())).unwrap();
+        assert_eq!(named.len(), MAX_NAMED);
+        assert!(named.contains(&11), "{named:?}");
     }
 }

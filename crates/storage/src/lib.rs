@@ -230,16 +230,6 @@ impl QueuedJobs {
             untold: n,
         }
     }
-
-    /// How many jobs in all.
-    pub fn len(&self) -> usize {
-        self.tools.len().saturating_add(self.untold)
-    }
-
-    /// Whether there is none.
-    pub fn is_empty(&self) -> bool {
-        self.len() == 0
-    }
 }
 
 /// Whether a queued signal's `payload` asks `claimer` (this process's
@@ -265,10 +255,10 @@ pub trait ChangeFeed: Send {
     /// names no claimer or names this process's ([`ChangeFeed::claimer`]).
     fn queued(&self) -> Arc<Notify>;
     /// Notified when a job was queued and the signal named other worker
-    /// processes to claim it (PostgreSQL names a few at random, as many as
-    /// jobs were queued): this process looks a moment later, in case none of
-    /// them could take it. `None`: signals name no one (SQLite), every
-    /// signal wakes [`ChangeFeed::queued`].
+    /// processes to claim it (both drivers name as many live ones serving
+    /// the jobs' tools as their room needs, usually one): this process looks
+    /// a moment later, in case none of them could take it. `None` where
+    /// signals name no one: every signal wakes [`ChangeFeed::queued`].
     fn queued_for_others(&self) -> Option<Arc<Notify>> {
         None
     }
