@@ -401,14 +401,7 @@ async fn a_queued_job_asks_the_named_claimers_at_once(db: TestDb) {
     let quiet = Duration::from_millis(300);
     let long = Duration::from_secs(10);
     let now = wall_clock_ms();
-    let pool = |id: &str| NewWorker {
-        worker_id: id.to_owned(),
-        pid: 7,
-        host: "host-feed".to_owned(),
-        kind: WorkerKind::Process,
-        concurrency: 4,
-        lease_ms: 30_000,
-    };
+    let pool = |id: &str| process_worker(id, 4);
     other.worker_register(&pool("w-named"), now).await.unwrap();
     let queued = std::sync::atomic::AtomicI64::new(0);
     let queue = || {
@@ -526,15 +519,10 @@ async fn a_queued_job_is_named_for_a_worker_with_room(db: TestDb) {
     let ([roomy, full], other, _other_feed) = claimers_and_a_queuer(&db, &shutdown).await;
     let now = wall_clock_ms();
     for (id, running) in [("w-roomy", 1), ("w-full", 4)] {
-        let worker = NewWorker {
-            worker_id: id.to_owned(),
-            pid: 7,
-            host: "host-room".to_owned(),
-            kind: WorkerKind::Process,
-            concurrency: 4,
-            lease_ms: 30_000,
-        };
-        other.worker_register(&worker, now).await.unwrap();
+        other
+            .worker_register(&process_worker(id, 4), now)
+            .await
+            .unwrap();
         other.worker_heartbeat(id, running, now).await.unwrap();
     }
     let (Some(roomy_id), Some(full_id)) = (roomy.claimer(), full.claimer()) else {
@@ -560,15 +548,10 @@ async fn a_queued_job_is_named_for_a_worker_serving_its_tool(db: TestDb) {
         ("w-echo", ["echo", "sleep"]),
         ("w-report", ["report", "sleep"]),
     ] {
-        let worker = NewWorker {
-            worker_id: id.to_owned(),
-            pid: 7,
-            host: "host-tools".to_owned(),
-            kind: WorkerKind::Process,
-            concurrency: 4,
-            lease_ms: 30_000,
-        };
-        other.worker_register(&worker, now).await.unwrap();
+        other
+            .worker_register(&process_worker(id, 4), now)
+            .await
+            .unwrap();
         let tools: Vec<String> = tools.iter().map(|t| (*t).to_owned()).collect();
         other.worker_serves(id, &tools).await.unwrap();
     }

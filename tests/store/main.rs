@@ -411,6 +411,19 @@ fn wall_clock_ms() -> i64 {
         .as_millis() as i64
 }
 
+/// A worker process's row `id` of `concurrency` (30 s lease), as its
+/// pool registers it.
+fn process_worker(id: &str, concurrency: i64) -> NewWorker {
+    NewWorker {
+        worker_id: id.to_owned(),
+        pid: 7,
+        host: "host-test".to_owned(),
+        kind: WorkerKind::Process,
+        concurrency,
+        lease_ms: 30_000,
+    }
+}
+
 fn new_task(task_id: &str, owner: &str) -> NewTask {
     NewTask {
         task_id: task_id.to_owned(),

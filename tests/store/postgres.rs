@@ -127,17 +127,7 @@ async fn issue26_a_queued_job_names_workers_by_their_room() {
         // w-roomy: room 6; w-small: room 2; w-full: reported full.
         for (id, concurrency, running) in [("w-roomy", 8, 2), ("w-small", 4, 2), ("w-full", 4, 4)] {
             db.store
-                .worker_register(
-                    &NewWorker {
-                        worker_id: id.to_owned(),
-                        pid: 7,
-                        host: "host-room".to_owned(),
-                        kind: WorkerKind::Process,
-                        concurrency,
-                        lease_ms: 30_000,
-                    },
-                    now,
-                )
+                .worker_register(&process_worker(id, concurrency), now)
                 .await
                 .unwrap();
             db.store.worker_heartbeat(id, running, now).await.unwrap();
@@ -206,17 +196,7 @@ async fn issue26_a_queued_job_names_workers_by_their_room() {
         for i in 0..10 {
             let id = format!("w-a{i}");
             db.store
-                .worker_register(
-                    &NewWorker {
-                        worker_id: id.clone(),
-                        pid: 7,
-                        host: "host-room".to_owned(),
-                        kind: WorkerKind::Process,
-                        concurrency: 1,
-                        lease_ms: 30_000,
-                    },
-                    now,
-                )
+                .worker_register(&process_worker(&id, 1), now)
                 .await
                 .unwrap();
             let tools = if i == 9 { vec!["a", "b"] } else { vec!["a"] };
