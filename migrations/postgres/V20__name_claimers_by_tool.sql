@@ -9,7 +9,7 @@
 --   reported them (it does when it starts and whenever the set changes:
 --   upstream servers' tools come and go). NULL: not reported (a pool of an
 --   older version, or one that has not yet): named for any tool.
--- * taskbroker_announce_queued now takes the queued jobs per tool: for
+-- * taskbroker_announce_queued now takes the tool of each queued job: for
 --   each tool, the processes serving it are taken in a random order (one
 --   order for all tools), those with room first, until their room covers
 --   that tool's jobs; the union of them, at most 8, is named: the first
@@ -21,7 +21,7 @@ ALTER TABLE workers ADD COLUMN tools text[];
 
 COMMENT ON COLUMN workers.tools IS 'The tools the pool claims, as it last reported them (at start and when they change); NULL: not reported, any tool.';
 
-CREATE FUNCTION taskbroker_announce_queued(queued_tools text[], queued_counts bigint[], now_ms bigint)
+CREATE FUNCTION taskbroker_announce_queued(queued_tools text[], now_ms bigint)
     RETURNS void
     LANGUAGE plpgsql
 AS $$
@@ -42,7 +42,8 @@ BEGIN
                                      ROWS UNBOUNDED PRECEDING) - l.room AS room_before,
                    row_number() OVER (PARTITION BY q.tool ORDER BY l.full_, l.r) AS nth,
                    l.full_, l.r
-              FROM unnest(queued_tools, queued_counts) AS q(tool, n)
+              FROM (SELECT tool, count(*) AS n FROM unnest(queued_tools) AS tool
+                     GROUP BY tool) q
               JOIN live l ON l.tools IS NULL OR q.tool = ANY (l.tools))
     SELECT string_agg(worker_id, ' ' ORDER BY full_, r) INTO named
       FROM (SELECT worker_id, bool_and(full_) AS full_, min(r) AS r
@@ -55,37 +56,33 @@ BEGIN
 END;
 $$;
 
-COMMENT ON FUNCTION taskbroker_announce_queued(text[], bigint[], bigint) IS 'The taskbroker_queued notification for claimable jobs queued (counts per tool): ''claim:'' and the ids of live worker processes (fresh heartbeat) serving those tools (or that did not say which they serve), for each tool in one random order, those with room first, until their room (concurrency less running jobs, at least 1) covers its jobs; at most 8, the first for each tool before the others; empty when there is none.';
+COMMENT ON FUNCTION taskbroker_announce_queued(text[], bigint) IS 'The taskbroker_queued notification for claimable jobs queued (the tool of each): ''claim:'' and the ids of live worker processes (fresh heartbeat) serving those tools (or that did not say which they serve), for each tool in one random order, those with room first, until their room (concurrency less jobs_running, the slots its jobs held at its last heartbeat, at least 1) covers its jobs; at most 8, the first for each tool before the others; empty when there is none.';
 
--- Jobs inserted: the queued notification, per tool.
+-- Jobs inserted: the queued notification, with their tools.
 CREATE OR REPLACE FUNCTION taskbroker_notify_queued() RETURNS trigger
     LANGUAGE plpgsql
 AS $$
 DECLARE
     now_ms  bigint := (extract(epoch FROM clock_timestamp()) * 1000)::bigint;
     q_tools text[];
-    q_counts bigint[];
 BEGIN
-    SELECT array_agg(tool), array_agg(n) INTO q_tools, q_counts
-      FROM (SELECT tool, count(*) AS n FROM changed
-             WHERE state = 'queued' AND run_after <= now_ms
-             GROUP BY tool) q;
+    SELECT array_agg(tool) INTO q_tools FROM changed
+     WHERE state = 'queued' AND run_after <= now_ms;
     IF q_tools IS NOT NULL THEN
-        PERFORM taskbroker_announce_queued(q_tools, q_counts, now_ms);
+        PERFORM taskbroker_announce_queued(q_tools, now_ms);
     END IF;
     RETURN NULL;
 END;
 $$;
 
 -- Jobs updated: their history (as in V18) and the queued notification,
--- per tool.
+-- with their tools.
 CREATE OR REPLACE FUNCTION jobs_updated() RETURNS trigger
     LANGUAGE plpgsql
 AS $$
 DECLARE
     now_ms  bigint := (extract(epoch FROM clock_timestamp()) * 1000)::bigint;
     q_tools text[];
-    q_counts bigint[];
 BEGIN
     WITH history AS (
         INSERT INTO job_events (task_seq, attempt, event, worker, reason, at)
@@ -102,12 +99,10 @@ BEGIN
           FROM old_jobs o JOIN changed n ON n.task_seq = o.task_seq
          WHERE o.state <> n.state
          ORDER BY n.task_seq)
-    SELECT array_agg(tool), array_agg(n) INTO q_tools, q_counts
-      FROM (SELECT tool, count(*) AS n FROM changed
-             WHERE state = 'queued' AND run_after <= now_ms
-             GROUP BY tool) q;
+    SELECT array_agg(tool) INTO q_tools FROM changed
+     WHERE state = 'queued' AND run_after <= now_ms;
     IF q_tools IS NOT NULL THEN
-        PERFORM taskbroker_announce_queued(q_tools, q_counts, now_ms);
+        PERFORM taskbroker_announce_queued(q_tools, now_ms);
     END IF;
     RETURN NULL;
 END;

@@ -136,10 +136,10 @@ async fn issue26_a_queued_job_names_workers_by_their_room() {
         let mut listener = sqlx::postgres::PgListener::connect(&url).await.unwrap();
         listener.listen("taskbroker_queued").await.unwrap();
         let mut raw = PgConnection::connect(&url).await.expect("connect");
-        let mut named_for_each = async |tools: &[&str], jobs: &[i64]| -> Vec<String> {
-            sqlx::query("SELECT taskbroker_announce_queued($1, $2, $3)")
+        // The tool of each job queued.
+        let mut named_for_each = async |tools: &[&str]| -> Vec<String> {
+            sqlx::query("SELECT taskbroker_announce_queued($1, $2)")
                 .bind(tools)
-                .bind(jobs)
                 .bind(now)
                 .execute(&mut raw)
                 .await
@@ -158,8 +158,8 @@ async fn issue26_a_queued_job_names_workers_by_their_room() {
             ids.sort();
             ids
         };
-        let mut named_for = async |tool: &str, jobs: i64| named_for_each(&[tool], &[jobs]).await;
-        let mut named = async |jobs: i64| named_for("echo", jobs).await;
+        let mut named_for = async |tool: &str, jobs: usize| named_for_each(&vec![tool; jobs]).await;
+        let mut named = async |jobs: usize| named_for("echo", jobs).await;
         // Whatever the random order, jobs that fit in one worker's room
         // name one worker with room, never the full one.
         for _ in 0..20 {
@@ -204,7 +204,7 @@ async fn issue26_a_queued_job_names_workers_by_their_room() {
             db.store.worker_serves(&id, &tools).await.unwrap();
         }
         for _ in 0..10 {
-            let named = named_for_each(&["a", "b"], &[10, 1]).await;
+            let named = named_for_each(&[&["a"; 10][..], &["b"]].concat()).await;
             assert_eq!(named.len(), 8, "{named:?}");
             assert!(named.iter().any(|id| id == "w-a9"), "{named:?}");
         }
