@@ -19,6 +19,8 @@
 --   payload is empty (every claimer looks), as when none is live.
 ALTER TABLE workers ADD COLUMN tools text[];
 
+COMMENT ON COLUMN workers.jobs_running IS 'The slots the pool''s running jobs held at its last heartbeat (a job waiting for its client''s answer holds none; v_workers.jobs_running counts the jobs leased): claim signals name a worker process by its room, concurrency less this.';
+
 COMMENT ON COLUMN workers.tools IS 'The tools the pool claims, as it last reported them (at start and when they change); NULL: not reported, any tool.';
 
 CREATE FUNCTION taskbroker_announce_queued(queued_tools text[], now_ms bigint)

@@ -9,8 +9,9 @@
 //! and says how many jobs of each tool a claim may take
 //! ([`ToolQuota`]); each claimed job then takes its [`Slot`] out of it, and
 //! what is not used goes back when the reservation is dropped. The slots
-//! jobs hold are counted ([`Slots::held`]: the room a worker process
-//! reports in its heartbeat, which claim signals name it by).
+//! jobs hold are counted ([`Slots::held`]: a worker process reports them
+//! in its heartbeat, and claim signals name it by its room, the cap less
+//! them).
 
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicUsize, Ordering};
@@ -96,10 +97,11 @@ pub struct Slot {
 
 impl Drop for Slot {
     fn drop(&mut self) {
-        // Permits first, then the word: whoever wakes finds them free.
+        // The count first (it never exceeds the cap), then the permits,
+        // then the word: whoever wakes finds them free.
+        self.held.give_back();
         drop(self.tool.take());
         drop(self.process.take());
-        self.held.give_back();
         self.freed.notify_one();
     }
 }
@@ -318,6 +320,28 @@ impl Reservation {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[tokio::test]
+    async fn slots_held_count_running_jobs_and_say_when_full_or_not() {
+        let slots = Slots::new(2, &[]);
+        assert_eq!(slots.held(), 0);
+        let one = slots.acquire("any").await.unwrap();
+        assert_eq!(slots.held(), 1);
+        let two = slots.acquire("any").await.unwrap();
+        assert_eq!(slots.held(), 2);
+        // Reached the cap: word.
+        tokio::time::timeout(std::time::Duration::from_secs(5), slots.fullness_changed())
+            .await
+            .expect("full");
+        drop(one);
+        assert_eq!(slots.held(), 1);
+        // Left the cap: word again.
+        tokio::time::timeout(std::time::Duration::from_secs(5), slots.fullness_changed())
+            .await
+            .expect("room again");
+        drop(two);
+        assert_eq!(slots.held(), 0);
+    }
     use crate::tools::TaskSupport;
     use serde_json::json;
 

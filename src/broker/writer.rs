@@ -224,11 +224,9 @@ impl Writer {
                 // Wake the pool for what it was not given: this batch's jobs
                 // not handed off (an older due job may have been taken
                 // instead of one of them).
-                let all_handed =
-                    taken.len() == created.len() && taken.iter().all(|id| created.contains_key(id));
-                if !created.is_empty() && !all_handed {
+                if let Some(left) = left_queued(&created, &taken) {
                     job_queued.notify_one();
-                    feed.announce_queued(&left_queued(&created, &taken));
+                    feed.announce_queued(&left);
                 }
                 for at in starts {
                     alarm.set(at);
@@ -408,18 +406,15 @@ async fn deliver(
 }
 
 /// The jobs of a batch's creations that the hand-off did not take, by
-/// tool (an older due job taken instead leaves one of them queued).
-fn left_queued(created: &HashMap<String, String>, taken: &[String]) -> QueuedJobs {
+/// tool (an older due job taken instead leaves one of them queued); None
+/// when it took them all.
+fn left_queued(created: &HashMap<String, String>, taken: &[String]) -> Option<QueuedJobs> {
     let tools: Vec<String> = created
         .iter()
         .filter(|(task_id, _)| !taken.contains(task_id))
         .map(|(_, tool)| tool.clone())
         .collect();
-    if tools.is_empty() {
-        QueuedJobs::untold(1)
-    } else {
-        QueuedJobs { tools, untold: 0 }
-    }
+    (!tools.is_empty()).then_some(QueuedJobs { tools, untold: 0 })
 }
 
 /// Count what a group commit did: tasks created (and those finished at

@@ -190,9 +190,10 @@ async fn issue26_a_queued_job_names_workers_by_their_room() {
             .unwrap();
         assert_eq!(named_for("report", 1).await, ["w-small"]);
         assert_eq!(named_for("echo", 1).await, ["w-full"]);
-        // Past the cap of 8, each tool keeps one named: 10 idle workers of
-        // room 1 serve a, one of them b too; 10 jobs of a and 1 of b name
-        // 8, among them the one serving b, whatever the random order.
+        // Past the cap of 8, each tool keeps one named: 10 workers of
+        // room 1 serve a, one of them, reported full, b too; 10 jobs of a
+        // and 1 of b name 8, among them the one serving b (for a it comes
+        // last).
         for i in 0..10 {
             let id = format!("w-a{i}");
             db.store
@@ -203,6 +204,8 @@ async fn issue26_a_queued_job_names_workers_by_their_room() {
             let tools: Vec<String> = tools.into_iter().map(str::to_owned).collect();
             db.store.worker_serves(&id, &tools).await.unwrap();
         }
+        // The one serving b reported itself full: last in turn for a.
+        db.store.worker_heartbeat("w-a9", 1, now).await.unwrap();
         for _ in 0..10 {
             let named = named_for_each(&[&["a"; 10][..], &["b"]].concat()).await;
             assert_eq!(named.len(), 8, "{named:?}");

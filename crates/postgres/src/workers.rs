@@ -26,7 +26,8 @@ impl WorkerStore for PostgresStore {
         Ok(())
     }
 
-    /// The pool is alive and runs `jobs_running` jobs. A pool that others
+    /// The pool is alive, and its running jobs hold `jobs_running` slots.
+    /// A pool that others
     /// marked dead (it stalled) comes back to life.
     async fn worker_heartbeat(
         &self,

@@ -2,15 +2,15 @@
 //! PostgreSQL's notification does (migrations V15 and V19 there), a process
 //! that queues jobs names, in the queue's wake file, as many live worker
 //! processes serving their tools as it takes to run them (each has room
-//! for its concurrency less the jobs it runs, at least one; at most
+//! for its concurrency less the slots its jobs hold, at least one; at most
 //! [`MAX_NAMED`] named; migration V20 here and there: the tools a worker
 //! claims, as it reported them); only they claim at once, the others look a
 //! moment later if still idle. With no live worker process known to serve
 //! them, the poke names no one and every claimer looks, as before.
 //!
 //! The live worker processes (kind `process`, state `live`, heartbeat
-//! within half their lease), their tools and the jobs each reported
-//! running at its last heartbeat are read at most once per [`FRESH_FOR`], in the
+//! within half their lease), their tools and the slots each reported its
+//! jobs held at its last heartbeat are read at most once per [`FRESH_FOR`], in the
 //! background: a poke never waits for a read. Names are taken in turn from
 //! that list, those with room first, so consecutive pokes spread over
 //! every worker. A worker that started since the last read is not named
@@ -122,7 +122,7 @@ impl Claimers {
 #[derive(Debug, Clone, PartialEq, Eq)]
 struct Live {
     worker_id: String,
-    /// Its concurrency less the jobs it reported running (may be 0 or less:
+    /// Its concurrency less the slots it reported held (may be 0 or less:
     /// the report lags).
     room: i64,
     /// The tools it claims; None: it did not say (any).

@@ -544,7 +544,8 @@ pub trait TokenStore {
 pub trait WorkerStore {
     /// Record a starting pool.
     async fn worker_register(&self, w: &NewWorker, now: i64) -> Result<(), StoreError>;
-    /// The pool is alive and runs `jobs_running` jobs.
+    /// The pool is alive, and its running jobs hold `jobs_running` slots
+    /// (a job waiting for its client holds none).
     async fn worker_heartbeat(
         &self,
         worker_id: &str,
